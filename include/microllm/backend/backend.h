@@ -1,0 +1,96 @@
+// The one list of kernels. Every backend implements every entry: a backend that forgets one does not
+// compile. A kernel that lacks a dtype throws NotSupportedError ("rms_norm has no CUDA kernel for f16").
+//
+// The contract between ops and kernels: ops (src/ops/) have already checked shapes, dtypes and devices,
+// broadcast inputs with expand() where the op broadcasts, and allocated the outputs (contiguous, on the
+// inputs' device). Inputs may be any strided view. Kernels write every element of every output.
+#pragma once
+
+#include "microllm/backend/kernel_params.h"
+#include "microllm/core/tensor.h"
+
+namespace microllm {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- elementwise (src/backend/*/elementwise.*) ----
+  // out = op(x); grad_x = grad_out * op'(x).
+  virtual void unary(UnaryOp op, const Tensor& x, double alpha, const Tensor& out) = 0;
+  virtual void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out,
+                              const Tensor& grad_x) = 0;
+  // a and b are expanded to out's shape.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = cond ? a : b, all expanded to out's shape; cond is u8.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // ---- reductions and indexing (reduce.*, indexing.*) ----
+  // Reduces `dim` of x; out has x's shape with that dim of size 1.
+  virtual void reduce(ReduceOp op, const Tensor& x, int dim, const Tensor& out) = 0;
+  // Index (i64) of the first maximum along `dim`; out has x's shape with that dim of size 1.
+  virtual void argmax(const Tensor& x, int dim, const Tensor& out) = 0;
+  // The k largest along the last dim, sorted descending (ties: lower index first); indices are i64.
+  virtual void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) = 0;
+  // out[..., index[..., j, ...], ...] += src[..., j, ...] along `dim`; index (i64) has src's shape.
+  virtual void scatter_add(const Tensor& index, const Tensor& src, int dim, const Tensor& out) = 0;
+  // out[n, :] = weight[ids[n], :]; ids are i32 or i64, already checked to lie in [0, vocab).
+  virtual void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
+  // grad_weight = 0, then grad_weight[ids[n], :] += grad_out[n, :].
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) = 0;
+
+  // ---- matmul (matmul.*) ----
+  // out[b] = op(a[b]) @ op(b[b]); a, b are [batch..., rows, cols] expanded to out's batch dims.
+  virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& out) = 0;
+
+  // ---- normalization (norm.*) ----
+  // h = x (+ residual); out = h * rsqrt(mean(h^2) + eps) * weight. residual and h_out may be undefined
+  // (no residual); rstd_out (f32, one per row) is saved for the backward.
+  virtual void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
+                        const Tensor& h_out, const Tensor& rstd_out) = 0;
+  virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
+                                 const Tensor& grad_h, const Tensor& grad_weight) = 0;
+
+  // ---- rotary embedding (rope.*) ----
+  // x is [B, T, H, D]; positions [B, T] (i32/i64). inverse rotates by -angle (the backward).
+  virtual void rope(const Tensor& x, const Tensor& positions, const RopeParams& params, bool inverse,
+                    const Tensor& out) = 0;
+
+  // ---- activations (activation.*) ----
+  // out = silu(gate) * up
+  virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& grad_out, const Tensor& grad_gate,
+                               const Tensor& grad_up) = 0;
+
+  // ---- softmax over the last dim (softmax.*) ----
+  virtual void softmax(const Tensor& x, bool log, const Tensor& out) = 0;
+  // From the forward's output y: softmax: dx = y * (g - sum(g y)); log: dx = g - exp(y) * sum(g).
+  virtual void softmax_backward(const Tensor& y, const Tensor& grad_out, bool log, const Tensor& grad_x) = 0;
+
+  // ---- attention (attention.*) ----
+  // q [B, Hq, T, D], k and v [B, Hkv, S, D], Hq % Hkv == 0; mask (u8, may be undefined) is expanded to
+  // [B, Hq, T, S], nonzero = may attend. out [B, Hq, T, D]; lse [B, Hq, T] f32 (log-sum-exp of the
+  // scaled scores, -inf for a row that attends to nothing; such a row outputs 0).
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& params, const Tensor& out, const Tensor& lse) = 0;
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                  const AttentionParams& params, const Tensor& out, const Tensor& lse,
+                                  const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
+                                  const Tensor& grad_v) = 0;
+
+  // ---- loss (loss.*) ----
+  // logits [N, V], targets [N] (i32/i64). loss (f32, rank 0) = mean over targets != ignore_index of
+  // logsumexp(logits[n]) - logits[n, targets[n]]; 0 when every target is ignored.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             const Tensor& loss) = 0;
+  // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / count for kept rows, 0 for ignored.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                      const Tensor& grad_loss, const Tensor& grad_logits) = 0;
+};
+
+// The backend of a device: the CPU reference, or CUDA when this build has it.
+Backend& backend_for(Device device);
+Backend& cpu_backend();
+
+}  // namespace microllm

@@ -1,0 +1,68 @@
+// Parameters that ops pass to kernels. Each list below is the one place its names are declared.
+#pragma once
+
+#include <cstdint>
+
+namespace microllm {
+
+// X(name): elementwise functions of one input; `alpha` is the scalar of scale.
+#define MICROLLM_UNARY_OPS(X) \
+  X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sigmoid) X(silu) X(gelu) X(gelu_tanh) X(tanh) X(scale) X(square)
+
+enum class UnaryOp : uint8_t {
+#define MICROLLM_ENUM_ENTRY(name) name,
+  MICROLLM_UNARY_OPS(MICROLLM_ENUM_ENTRY)
+#undef MICROLLM_ENUM_ENTRY
+};
+const char* unary_op_name(UnaryOp op);
+
+// Arithmetic keeps the input dtype; comparisons return u8 (1 true, 0 false).
+#define MICROLLM_BINARY_OPS(X) \
+  X(add) X(sub) X(mul) X(div) X(maximum) X(minimum) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+
+enum class BinaryOp : uint8_t {
+#define MICROLLM_ENUM_ENTRY(name) name,
+  MICROLLM_BINARY_OPS(MICROLLM_ENUM_ENTRY)
+#undef MICROLLM_ENUM_ENTRY
+};
+const char* binary_op_name(BinaryOp op);
+inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+
+#define MICROLLM_REDUCE_OPS(X) X(sum) X(mean) X(max) X(min)
+
+enum class ReduceOp : uint8_t {
+#define MICROLLM_ENUM_ENTRY(name) name,
+  MICROLLM_REDUCE_OPS(MICROLLM_ENUM_ENTRY)
+#undef MICROLLM_ENUM_ENTRY
+};
+const char* reduce_op_name(ReduceOp op);
+
+// Which pairs of a head's dims rotate together.
+enum class RopeLayout : uint8_t {
+  split_half,   // (i, i + D/2): Hugging Face's rotate_half (Llama, Qwen, Mistral)
+  interleaved,  // (2i, 2i + 1): GPT-J, the original RoFormer, Meta's reference Llama
+};
+
+enum class RopeScalingType : uint8_t { none, linear, llama3 };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::none;
+  double factor = 1.0;            // linear and llama3
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct RopeParams {
+  double theta = 10000.0;  // rope_theta
+  RopeLayout layout = RopeLayout::split_half;
+  RopeScaling scaling;
+};
+
+struct AttentionParams {
+  bool causal = true;
+  double scale = 0;       // 0 means 1 / sqrt(head_dim)
+  int64_t q_offset = 0;   // absolute position of query row 0 (keys 0..S-1): q_offset = S - T with a KV cache
+};
+
+}  // namespace microllm

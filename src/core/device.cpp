@@ -1,0 +1,26 @@
+#include "microllm/core/device.h"
+
+#include <charconv>
+#include <ostream>
+
+#include "microllm/core/error.h"
+
+namespace microllm {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    const std::string_view digits = text.substr(5);
+    int index = -1;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec == std::errc() && end == digits.data() + digits.size() && index >= 0) return cuda(index);
+  }
+  throw ValueError("device", str_cat("unknown device '", text, "' (expected cpu, cuda or cuda:N)"));
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+std::ostream& operator<<(std::ostream& out, const Device& device) { return out << device.str(); }
+
+}  // namespace microllm

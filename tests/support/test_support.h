@@ -1,0 +1,57 @@
+// Helpers for op tests: devices to run on, fresh random inputs, non-contiguous copies, error norms and
+// a finite-difference gradient check. One test body runs on every device (TEST_P over test_devices()).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "microllm/core/tensor.h"
+
+namespace microllm::testing {
+
+// cpu, and cuda:0 in CUDA builds (tests on it skip when the machine has no GPU).
+std::vector<Device> test_devices();
+std::string device_test_name(const ::testing::TestParamInfo<Device>& info);
+
+// Skips the current test with a message when `device` is not usable here.
+#define MICROLLM_SKIP_IF_UNAVAILABLE(device)                                                         \
+  do {                                                                                               \
+    if ((device).is_cuda() && !::microllm::cuda_available())                                         \
+      GTEST_SKIP() << "no CUDA device on this machine: CUDA tests skip (they run on the GPU machine)"; \
+  } while (0)
+
+// A fresh seed for every call (tests must not depend on one lucky input); printed on failure.
+uint64_t fresh_seed();
+
+// Uniform in [low, high) on `device`.
+Tensor random_tensor(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(), double low = -1,
+                     double high = 1, uint64_t seed = fresh_seed());
+// The same values as `t` in a non-contiguous layout (every other element of a wider buffer).
+Tensor non_contiguous(const Tensor& t);
+
+// ||out - ref|| / ||ref|| over all elements (NaN in `out` gives NaN).
+double relative_error(const Tensor& out, const std::vector<double>& ref);
+double relative_error(const Tensor& out, const Tensor& ref);
+// The tolerance of the relative error for results stored in `dtype` (f64 1e-12, f32 1e-5, f16 2e-3,
+// bf16 1e-2): the Standards of the project.
+double tolerance(DType dtype);
+
+// EXPECT that relative_error(out, ref) <= tol, naming the op and the seed on failure.
+#define MICROLLM_EXPECT_CLOSE(out, ref, tol) \
+  EXPECT_LE(::microllm::testing::relative_error((out), (ref)), (tol)) << "relative error too large"
+
+// Checks analytic gradients against central finite differences in f64 on the CPU.
+// L(inputs) = sum(forward(inputs) * R) for a random R; backward(inputs, R) must return dL/dinput for
+// every input (an undefined tensor for inputs that have no gradient, e.g. integer ids).
+using ForwardFn = std::function<Tensor(const std::vector<Tensor>&)>;
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&, const Tensor&)>;
+void expect_gradients_match(const std::vector<Tensor>& inputs, const ForwardFn& forward, const BackwardFn& backward,
+                            double eps = 1e-6, double tol = 1e-6);
+
+// f64 host values of a tensor, and an index helper for row-major loops in reference code.
+std::vector<double> host_values(const Tensor& t);
+
+}  // namespace microllm::testing
