@@ -14,7 +14,8 @@ endfunction()
 
 # A library of one layer: microllm_<layer>, exported as microLLM::<layer>.
 function(microllm_add_layer layer)
-  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  # C_ABI: a layer whose public headers are C; its C++ requirements stay private so C projects can link it.
+  cmake_parse_arguments(ARG "C_ABI" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
   set(target microllm_${layer})
   add_library(${target} ${ARG_SOURCES})
   add_library(microLLM::${layer} ALIAS ${target})
@@ -27,7 +28,11 @@ function(microllm_add_layer layer)
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_compile_features(${target} PUBLIC cxx_std_20)
+  if(ARG_C_ABI)
+    target_compile_features(${target} PRIVATE cxx_std_20)
+  else()
+    target_compile_features(${target} PUBLIC cxx_std_20)
+  endif()
   target_link_libraries(${target} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   microllm_set_target_options(${target})
   set_property(GLOBAL APPEND PROPERTY MICROLLM_LAYERS ${target})

@@ -7,5 +7,6 @@
 namespace microllm::app {
 
 void register_info(CLI::App& app);  // build, devices and threads
+void register_demo(CLI::App& app);  // one decoder block from the ops, forward, backward, gradient check
 
 }  // namespace microllm::app

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"microLLM: study, train, profile and run small language models"};
   app.require_subcommand(1);
   microllm::app::register_info(app);
+  microllm::app::register_demo(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {

@@ -10,5 +10,6 @@
 #include "microllm/core/storage.h"
 #include "microllm/core/tensor.h"
 #include "microllm/core/threads.h"
+#include "microllm/core/cuda.h"
 #include "microllm/ops/ops.h"
 #include "microllm/version.h"

@@ -20,7 +20,7 @@ struct RowLayout {
 template <size_t N>
 RowLayout<N> merge_dims(const Shape& shape, const std::array<Strides, N>& strides) {
   RowLayout<N> out;
-  if (shape.size() == 0) {
+  if (shape.empty()) {
     out.shape = Shape{1};
     for (size_t k = 0; k < N; ++k) out.strides[k] = Strides{0};
     return out;

@@ -31,9 +31,9 @@ int64_t Tensor::size(int64_t dim) const { return shape_[normalize_dim(dim, this-
 int64_t Tensor::stride(int64_t dim) const { return strides_[normalize_dim(dim, this->dim(), "stride")]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // whatever the strides: a size-0 dim anywhere, not only after the mismatch
   int64_t expected = 1;
   for (int d = dim() - 1; d >= 0; --d) {
-    if (shape_[d] == 0) return true;
     if (shape_[d] != 1 && strides_[d] != expected) return false;
     expected *= shape_[d];
   }

@@ -1,6 +1,7 @@
 // Tensor factories. Values are made on the host and moved to the device; ops never do that.
 #include <cmath>
 
+#include "device_runtime.h"
 #include "element.h"
 #include "microllm/core/tensor.h"
 #include "parallel.h"
@@ -20,6 +21,11 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  if (device.is_cuda()) {  // filled on the device: no host transfer
+    Tensor out = empty(shape, dtype, device);
+    detail::cuda_fill(out, value);
+    return out;
+  }
   Tensor host = empty(shape, dtype, Device::cpu());
   detail::visit_dtype(dtype, [&]<typename T>() {
     const T filled = detail::convert_element<T>(value);
@@ -85,7 +91,19 @@ Tensor Tensor::uniform(const Shape& shape, Generator& gen, double low, double hi
       }
     }
   });
-  return values.to(device, dtype);
+  // Rounding to the dtype can land on `high` (f16 keeps 11 bits; any dtype when |high| >> high - low).
+  // Such draws become `low`, PyTorch's rule, so the range stays [low, high).
+  Tensor out = values.to(dtype);
+  detail::visit_dtype(dtype, [&]<typename T>() {
+    T* p = out.data<T>();
+    const T low_value = detail::convert_element<T>(low);
+    detail::parallel_for(0, count, detail::kParallelGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (detail::convert_element<double>(p[i]) >= high) p[i] = low_value;
+      }
+    });
+  });
+  return out.to(device);
 }
 
 }  // namespace microllm

@@ -46,7 +46,9 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t voc
   check_ids_in_range("embedding_backward", ids, vocab_size);
   const int64_t dim = grad_out.size(-1);
   Tensor grad_weight = Tensor::empty({vocab_size, dim}, grad_out.dtype(), grad_out.device());
-  backend_for(grad_out.device()).embedding_backward(grad_out.reshape({-1, dim}), ids.reshape({-1}), grad_weight);
+  // The row count is explicit: reshape cannot infer a -1 next to a zero-width row.
+  backend_for(grad_out.device())
+      .embedding_backward(grad_out.reshape({ids.numel(), dim}), ids.reshape({-1}), grad_weight);
   return grad_weight;
 }
 

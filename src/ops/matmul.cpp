@@ -14,6 +14,13 @@ Shape batch_shape(const Tensor& t) {
   return batch;
 }
 
+// [..., cols] as [rows, cols]. rows is explicit: reshape cannot infer a -1 next to a size-0 dim.
+Tensor as_matrix(const Tensor& t, int64_t cols) {
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, cols});
+}
+
 Shape with_matrix(Shape batch, int64_t rows, int64_t cols) {
   batch.push_back(rows);
   batch.push_back(cols);
@@ -61,7 +68,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  " does not match the last dim of input ", x.shape());
   Shape out_shape = x.shape();
   out_shape[out_shape.size() - 1] = weight.size(0);
-  Tensor y = matmul(x.reshape({-1, x.size(-1)}), weight, false, true).view(out_shape);
+  Tensor y = matmul(as_matrix(x, x.size(-1)), weight, false, true).view(out_shape);
   if (!bias.defined()) return y;
   MICROLLM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), ShapeError, "linear", "bias shape ", bias.shape(),
                  " does not match weight shape ", weight.shape());
@@ -70,11 +77,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 LinearGrads linear_backward(const Tensor& x, const Tensor& weight, bool has_bias, const Tensor& grad_out) {
   checks::floating("linear_backward", grad_out, "grad_out");
-  const Tensor g = grad_out.reshape({-1, weight.size(0)});  // [N, out]
-  const Tensor x2 = x.reshape({-1, weight.size(1)});        // [N, in]
+  const Tensor g = as_matrix(grad_out, weight.size(0));  // [N, out]
+  const Tensor x2 = as_matrix(x, weight.size(1));        // [N, in]
   LinearGrads grads;
   grads.grad_x = matmul(g, weight).view(x.shape());  // [N, out] @ [out, in]
-  grads.grad_weight = matmul(g, x2, true, false);     // [out, N] @ [N, in]
+  grads.grad_weight = matmul(g, x2, true, false);    // [out, N] @ [N, in]
   if (has_bias) grads.grad_bias = sum(g, Dims{0});
   return grads;
 }

@@ -42,8 +42,29 @@ Tensor reduce_dims(ReduceOp op, const Tensor& x, const Dims& dims, bool keepdim)
       MICROLLM_CHECK(x.size(d) > 0, ShapeError, name, "cannot reduce the empty dim ", d, " of shape ", x.shape());
     }
   }
-  Tensor out = x;
-  for (int d : order) out = reduce_one(op, out, d);
+  // All reduced dims in one pass (moved last and merged into one): partial results are never rounded
+  // to a narrow dtype, so several dims accumulate once in f32 like one dim does.
+  Tensor out;
+  if (order.size() == 1) {
+    out = reduce_one(op, x, order[0]);
+  } else {
+    Dims perm;
+    Shape merged_shape;
+    int64_t merged = 1;
+    for (int d = 0; d < x.dim(); ++d) {
+      if (std::find(order.begin(), order.end(), d) != order.end()) continue;
+      perm.push_back(d);
+      merged_shape.push_back(x.size(d));
+    }
+    for (auto d = order.rbegin(); d != order.rend(); ++d) {  // ascending keeps a contiguous tail a view
+      perm.push_back(*d);
+      merged *= x.size(*d);
+    }
+    merged_shape.push_back(merged);
+    Shape kept_shape = x.shape();
+    for (int d : order) kept_shape[d] = 1;
+    out = reduce_one(op, x.permute(perm).reshape(merged_shape), merged_shape.size() - 1).view(kept_shape);
+  }
   if (!keepdim) {
     for (int d : order) out = out.squeeze(d);  // descending order keeps the remaining dims' indices valid
   }

@@ -74,14 +74,16 @@ class Backend {
   // scaled scores, -inf for a row that attends to nothing; such a row outputs 0).
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                          const AttentionParams& params, const Tensor& out, const Tensor& lse) = 0;
+  // `out` and `lse` are the forward's; a kernel may recompute either instead (the CPU reference recomputes
+  // rowsum(dO * O) as rowsum(P * dP), and lse in f64 for f64 inputs, so its gradients are exact).
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                   const AttentionParams& params, const Tensor& out, const Tensor& lse,
                                   const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                                   const Tensor& grad_v) = 0;
 
   // ---- loss (loss.*) ----
-  // logits [N, V], targets [N] (i32/i64). loss (f32, rank 0) = mean over targets != ignore_index of
-  // logsumexp(logits[n]) - logits[n, targets[n]]; 0 when every target is ignored.
+  // logits [N, V], targets [N] (i32/i64). loss (rank 0; f32, or f64 for f64 logits) = mean over targets
+  // != ignore_index of logsumexp(logits[n]) - logits[n, targets[n]]; 0 when every target is ignored.
   virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              const Tensor& loss) = 0;
   // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / count for kept rows, 0 for ignored.

@@ -13,6 +13,13 @@
 #include <cstdint>
 #include <cstring>
 
+// These conversions also compile into CUDA kernels (the GPU casts use the very same rounding code).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MICROLLM_FORMAT_HD __host__ __device__
+#else
+#define MICROLLM_FORMAT_HD
+#endif
+
 namespace microllm {
 
 struct bf16 { uint16_t bits; };
@@ -22,8 +29,8 @@ struct f8_e5m2 { uint8_t bits; };
 
 namespace detail {
 
-inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+MICROLLM_FORMAT_HD inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+MICROLLM_FORMAT_HD inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 // A binary format with `exp_bits` exponent bits and `man_bits` stored mantissa bits.
 struct NarrowFormat {
@@ -35,7 +42,7 @@ struct NarrowFormat {
 // Rounds |x| (finite, non-NaN) to the nearest value of `fmt` (ties to even) and returns its magnitude
 // bits, exponent and mantissa fields together. Results past the format's largest exponent field are
 // returned as they fall; the caller applies its overflow rule.
-inline uint32_t round_magnitude(float x, NarrowFormat fmt) {
+MICROLLM_FORMAT_HD inline uint32_t round_magnitude(float x, NarrowFormat fmt) {
   const uint32_t u = float_bits(x) & 0x7fffffffu;
   if (u == 0) return 0;
   int exponent = static_cast<int>(u >> 23) - 127;
@@ -58,7 +65,7 @@ inline uint32_t round_magnitude(float x, NarrowFormat fmt) {
   return (static_cast<uint32_t>(exponent + fmt.bias) << fmt.man_bits) + (rounded - (1u << fmt.man_bits));
 }
 
-inline float decode_magnitude(uint32_t magnitude_bits, NarrowFormat fmt) {
+MICROLLM_FORMAT_HD inline float decode_magnitude(uint32_t magnitude_bits, NarrowFormat fmt) {
   const uint32_t exp_field = magnitude_bits >> fmt.man_bits;
   const uint32_t mantissa = magnitude_bits & ((1u << fmt.man_bits) - 1u);
   // Built from exact f32 arithmetic: every narrow value is representable in f32.
@@ -70,19 +77,19 @@ inline float decode_magnitude(uint32_t magnitude_bits, NarrowFormat fmt) {
   return static_cast<float>(integer) * scale;
 }
 
-constexpr NarrowFormat kF16Format{5, 10, 15};
-constexpr NarrowFormat kBf16Format{8, 7, 127};
-constexpr NarrowFormat kE4m3Format{4, 3, 7};
-constexpr NarrowFormat kE5m2Format{5, 2, 15};
+MICROLLM_FORMAT_HD constexpr NarrowFormat f16_format() { return {5, 10, 15}; }
+MICROLLM_FORMAT_HD constexpr NarrowFormat bf16_format() { return {8, 7, 127}; }
+MICROLLM_FORMAT_HD constexpr NarrowFormat e4m3_format() { return {4, 3, 7}; }
+MICROLLM_FORMAT_HD constexpr NarrowFormat e5m2_format() { return {5, 2, 15}; }
 
-inline bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
-inline bool is_inf_bits(uint32_t u) { return (u & 0x7fffffffu) == 0x7f800000u; }
+MICROLLM_FORMAT_HD inline bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+MICROLLM_FORMAT_HD inline bool is_inf_bits(uint32_t u) { return (u & 0x7fffffffu) == 0x7f800000u; }
 
 }  // namespace detail
 
 // ---- bf16: the fast bit trick, tested against the generic rounding above ----
-inline float to_float(bf16 v) { return detail::bits_float(static_cast<uint32_t>(v.bits) << 16); }
-inline bf16 bf16_from_float(float f) {
+MICROLLM_FORMAT_HD inline float to_float(bf16 v) { return detail::bits_float(static_cast<uint32_t>(v.bits) << 16); }
+MICROLLM_FORMAT_HD inline bf16 bf16_from_float(float f) {
   const uint32_t u = detail::float_bits(f);
   if (detail::is_nan_bits(u)) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};
   const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
@@ -90,71 +97,71 @@ inline bf16 bf16_from_float(float f) {
 }
 
 // ---- f16 ----
-inline float to_float(f16 v) {
+MICROLLM_FORMAT_HD inline float to_float(f16 v) {
   const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
   const uint32_t magnitude = v.bits & 0x7fffu;
   if ((magnitude >> 10) == 0x1f) {
     return detail::bits_float(sign | 0x7f800000u | (static_cast<uint32_t>(magnitude & 0x3ffu) << 13));
   }
-  const float value = detail::decode_magnitude(magnitude, detail::kF16Format);
+  const float value = detail::decode_magnitude(magnitude, detail::f16_format());
   return sign ? -value : value;
 }
-inline f16 f16_from_float(float f) {
+MICROLLM_FORMAT_HD inline f16 f16_from_float(float f) {
   const uint32_t u = detail::float_bits(f);
   const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   if (detail::is_nan_bits(u)) return f16{static_cast<uint16_t>(sign | 0x7e00u)};
   if (detail::is_inf_bits(u)) return f16{static_cast<uint16_t>(sign | 0x7c00u)};
-  uint32_t magnitude = detail::round_magnitude(f, detail::kF16Format);
+  uint32_t magnitude = detail::round_magnitude(f, detail::f16_format());
   if (magnitude > 0x7bffu) magnitude = 0x7c00u;  // rounded past 65504: Inf
   return f16{static_cast<uint16_t>(sign | magnitude)};
 }
 
 // ---- fp8 e4m3fn ----
-inline float to_float(f8_e4m3fn v) {
+MICROLLM_FORMAT_HD inline float to_float(f8_e4m3fn v) {
   const uint32_t magnitude = v.bits & 0x7fu;
   const bool negative = (v.bits & 0x80u) != 0;
   if (magnitude == 0x7fu) return detail::bits_float((negative ? 0x80000000u : 0u) | 0x7fc00000u);
-  const float value = detail::decode_magnitude(magnitude, detail::kE4m3Format);
+  const float value = detail::decode_magnitude(magnitude, detail::e4m3_format());
   return negative ? -value : value;
 }
-inline f8_e4m3fn f8_e4m3fn_from_float(float f) {
+MICROLLM_FORMAT_HD inline f8_e4m3fn f8_e4m3fn_from_float(float f) {
   const uint32_t u = detail::float_bits(f);
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   if (detail::is_nan_bits(u) || detail::is_inf_bits(u)) return f8_e4m3fn{static_cast<uint8_t>(sign | 0x7fu)};
-  uint32_t magnitude = detail::round_magnitude(f, detail::kE4m3Format);
+  uint32_t magnitude = detail::round_magnitude(f, detail::e4m3_format());
   if (magnitude > 0x7eu) magnitude = 0x7fu;  // rounded past 448: NaN
   return f8_e4m3fn{static_cast<uint8_t>(sign | magnitude)};
 }
-inline f8_e4m3fn f8_e4m3fn_from_float_saturate(float f) {
+MICROLLM_FORMAT_HD inline f8_e4m3fn f8_e4m3fn_from_float_saturate(float f) {
   const uint32_t u = detail::float_bits(f);
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   if (detail::is_nan_bits(u)) return f8_e4m3fn{static_cast<uint8_t>(sign | 0x7fu)};
   if (detail::is_inf_bits(u)) return f8_e4m3fn{static_cast<uint8_t>(sign | 0x7eu)};
-  uint32_t magnitude = detail::round_magnitude(f, detail::kE4m3Format);
+  uint32_t magnitude = detail::round_magnitude(f, detail::e4m3_format());
   if (magnitude > 0x7eu) magnitude = 0x7eu;
   return f8_e4m3fn{static_cast<uint8_t>(sign | magnitude)};
 }
 
 // ---- fp8 e5m2 ----
-inline float to_float(f8_e5m2 v) {
+MICROLLM_FORMAT_HD inline float to_float(f8_e5m2 v) {
   // e5m2 is the top byte of an f16.
   return to_float(f16{static_cast<uint16_t>(static_cast<uint16_t>(v.bits) << 8)});
 }
-inline f8_e5m2 f8_e5m2_from_float(float f) {
+MICROLLM_FORMAT_HD inline f8_e5m2 f8_e5m2_from_float(float f) {
   const uint32_t u = detail::float_bits(f);
   const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   if (detail::is_nan_bits(u)) return f8_e5m2{static_cast<uint8_t>(sign | 0x7fu)};
   if (detail::is_inf_bits(u)) return f8_e5m2{static_cast<uint8_t>(sign | 0x7cu)};
-  uint32_t magnitude = detail::round_magnitude(f, detail::kE5m2Format);
+  uint32_t magnitude = detail::round_magnitude(f, detail::e5m2_format());
   if (magnitude > 0x7bu) magnitude = 0x7cu;  // rounded past 57344: Inf
   return f8_e5m2{static_cast<uint8_t>(sign | magnitude)};
 }
 
 // Generic conversion used by templated kernels: `convert<T>(float)` and `to_float(T)` for every type.
-template <typename T> inline T from_float(float f) { return static_cast<T>(f); }
-template <> inline bf16 from_float<bf16>(float f) { return bf16_from_float(f); }
-template <> inline f16 from_float<f16>(float f) { return f16_from_float(f); }
-template <> inline f8_e4m3fn from_float<f8_e4m3fn>(float f) { return f8_e4m3fn_from_float(f); }
-template <> inline f8_e5m2 from_float<f8_e5m2>(float f) { return f8_e5m2_from_float(f); }
+template <typename T> MICROLLM_FORMAT_HD inline T from_float(float f) { return static_cast<T>(f); }
+template <> MICROLLM_FORMAT_HD inline bf16 from_float<bf16>(float f) { return bf16_from_float(f); }
+template <> MICROLLM_FORMAT_HD inline f16 from_float<f16>(float f) { return f16_from_float(f); }
+template <> MICROLLM_FORMAT_HD inline f8_e4m3fn from_float<f8_e4m3fn>(float f) { return f8_e4m3fn_from_float(f); }
+template <> MICROLLM_FORMAT_HD inline f8_e5m2 from_float<f8_e5m2>(float f) { return f8_e5m2_from_float(f); }
 
 }  // namespace microllm

@@ -2,6 +2,7 @@
 //   q [B, Hq, T, D], k and v [B, Hkv, S, D], Hq a multiple of Hkv (query head h reads kv head
 //   h / (Hq / Hkv)). scores = q k^T * scale; causal masks key j for query i when j > q_offset + i;
 //   mask (u8, optional) broadcasts to [B, Hq, T, S], nonzero = may attend. Rows with no key output 0.
+//   scale 0 means 1 / sqrt(D). Causal needs q_offset + T <= S (each query's own key must exist).
 // Any strides: a [B, T, H, D] projection output can be passed as .transpose(1, 2) without a copy.
 #pragma once
 

@@ -1,4 +1,5 @@
-// Softmax and log-softmax along one dim, computed stably (max subtracted first), f32 accumulation.
+// Softmax and log-softmax along one dim, computed stably (max subtracted first), f32 accumulation (f64
+// for f64). Results are contiguous, in x's dtype. A row of only -inf gives NaN, as in torch.
 #pragma once
 
 #include "microllm/core/tensor.h"

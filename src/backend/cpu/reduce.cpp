@@ -82,20 +82,17 @@ void CpuBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Te
     const int last = x.dim() - 1;
     const int64_t n = x.size(last);
     const int64_t stride = x.stride(last);
-    // Rows of the output ([..., k], contiguous) and where each row of x starts.
-    Tensor row_starts_view = values.narrow(last, 0, 1);
-    std::vector<int64_t> x_offsets;
-    x_offsets.reserve(static_cast<size_t>(values.numel() / std::max<int64_t>(k, 1)));
-    Strides x_strides = x.strides();
-    x_strides[last] = 0;
-    detail::for_each_row<1>(row_starts_view.shape(), {x_strides}, [&](const auto& off, int64_t count, const auto& step) {
-      for (int64_t i = 0; i < count; ++i) x_offsets.push_back(off[0] + i * step[0]);
-    });
-    const auto rows = static_cast<int64_t>(x_offsets.size());
+    // Rows of the output ([..., k], contiguous); row r of x starts at the offset of r's leading index.
+    const int64_t rows = values.numel() / k;
     detail::parallel_for(0, rows, 1, [&](int64_t lo, int64_t hi) {
       std::vector<int64_t> order(static_cast<size_t>(n));
       for (int64_t r = lo; r < hi; ++r) {
-        const T* line = src + x_offsets[static_cast<size_t>(r)];
+        int64_t x_offset = 0;
+        for (int64_t d = last - 1, rest = r; d >= 0; --d) {
+          x_offset += rest % x.size(d) * x.stride(d);
+          rest /= x.size(d);
+        }
+        const T* line = src + x_offset;
         std::iota(order.begin(), order.end(), 0);
         // Descending; NaN counts as the largest; ties keep the lower index first.
         auto before = [&](int64_t a, int64_t b) {

@@ -1,0 +1,100 @@
+// The CUDA runtime as microLLM uses it: devices, streams, events, the caching allocator's statistics
+// and the transfer counters. No CUDA header is needed to include this; in a CPU-only build the
+// functions that need a GPU throw NotSupportedError and the queries report zero devices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace microllm::cuda {
+
+struct DeviceProperties {
+  std::string name;
+  int major = 0, minor = 0;          // compute capability
+  int multiprocessors = 0;
+  size_t total_memory = 0;           // bytes
+  size_t l2_cache_bytes = 0;
+  size_t shared_memory_per_block_optin = 0;
+  int memory_bus_width_bits = 0;
+};
+DeviceProperties device_properties(int device);
+void synchronize(int device);
+
+// A CUDA stream on one device. The default stream of each device is the legacy default stream;
+// create() makes an owned, non-blocking stream.
+class Stream {
+ public:
+  Stream() = default;
+  static Stream create(int device);
+  static Stream default_stream(int device);
+  void* handle() const { return handle_; }  // a cudaStream_t
+  int device() const { return device_; }
+  void synchronize() const;
+  friend bool operator==(const Stream& a, const Stream& b) { return a.handle_ == b.handle_ && a.device_ == b.device_; }
+
+ private:
+  friend Stream current_stream(int device);
+  Stream(void* handle, int device) : handle_(handle), device_(device) {}
+  void* handle_ = nullptr;
+  int device_ = 0;
+};
+
+// The stream ops on `device` launch on from this thread (the default stream unless a guard is active).
+Stream current_stream(int device);
+
+// Makes `stream` the current stream of its device on this thread for the guard's lifetime.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+// A CUDA event with timing enabled.
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(const Stream& stream);
+  void wait(const Stream& stream) const;  // the stream waits for the event, the host does not
+  void synchronize() const;
+  static float elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  void* handle_ = nullptr;
+  int device_;
+};
+
+// The caching allocator: blocks are rounded up (512 B below 1 MiB, 2 MiB above), kept per stream when
+// freed, and reused by later requests on the same stream.
+struct AllocatorStats {
+  size_t allocated_bytes = 0;       // handed out now
+  size_t reserved_bytes = 0;        // obtained from cudaMalloc and not yet returned
+  size_t peak_allocated_bytes = 0;
+  uint64_t requests = 0;            // allocate() calls
+  uint64_t cache_hits = 0;          // requests served from the cache
+  uint64_t backend_allocs = 0;      // cudaMalloc calls
+  uint64_t backend_frees = 0;       // cudaFree calls
+};
+AllocatorStats allocator_stats(int device);
+void reset_peak_allocated(int device);
+// Returns every cached (free) block to the driver.
+void empty_cache(int device);
+
+// Bytes moved between host and devices through microLLM, for tests that prove an op moved none.
+struct TransferStats {
+  uint64_t host_to_device = 0, host_to_device_bytes = 0;
+  uint64_t device_to_host = 0, device_to_host_bytes = 0;
+  uint64_t device_to_device = 0, device_to_device_bytes = 0;
+};
+TransferStats transfer_stats();
+void reset_transfer_stats();
+
+}  // namespace microllm::cuda

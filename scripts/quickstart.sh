@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 machine, build, and run the main job: `microllm demo`, one transformer
+# block forward and backward on the CPU, checked against finite differences, with timings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup-debian.sh
+cmake --preset cpu-release
+cmake --build --preset cpu-release -j "$(nproc)" --target microllm_app
+build/cpu-release/apps/microllm demo "$@"

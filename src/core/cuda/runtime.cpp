@@ -1,0 +1,126 @@
+// Devices, streams and events.
+#include <array>
+
+#include "cuda_check.h"
+#include "microllm/core/cuda.h"
+
+namespace microllm {
+namespace detail {
+
+int cuda_device_count_impl() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for a query
+    return 0;
+  }
+  return count;
+}
+
+namespace {
+constexpr int kMaxCudaDevices = 64;
+// Per thread: the current stream of each device (null = the legacy default stream).
+thread_local std::array<cudaStream_t, kMaxCudaDevices> t_current_streams{};
+
+void check_device(int device) {
+  MICROLLM_CHECK(device >= 0 && device < cuda_device_count_impl() && device < kMaxCudaDevices, DeviceError, "cuda",
+                 "no CUDA device ", device, " (this machine has ", cuda_device_count_impl(), ")");
+}
+}  // namespace
+
+cudaStream_t current_cuda_stream(int device) {
+  MICROLLM_CHECK(device >= 0 && device < kMaxCudaDevices, DeviceError, "cuda", "device index ", device, " out of range");
+  return t_current_streams[static_cast<size_t>(device)];
+}
+
+}  // namespace detail
+
+namespace cuda {
+
+DeviceProperties device_properties(int device) {
+  detail::check_device(device);
+  cudaDeviceProp prop{};
+  MICROLLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  DeviceProperties out;
+  out.name = prop.name;
+  out.major = prop.major;
+  out.minor = prop.minor;
+  out.multiprocessors = prop.multiProcessorCount;
+  out.total_memory = prop.totalGlobalMem;
+  out.l2_cache_bytes = static_cast<size_t>(prop.l2CacheSize);
+  out.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+  out.memory_bus_width_bits = prop.memoryBusWidth;
+  return out;
+}
+
+void synchronize(int device) {
+  detail::check_device(device);
+  detail::CudaDeviceGuard guard(device);
+  MICROLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Stream Stream::create(int device) {
+  detail::check_device(device);
+  detail::CudaDeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  MICROLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Streams live as long as the process: handles are cheap to copy and never dangle.
+  return Stream(stream, device);
+}
+
+Stream Stream::default_stream(int device) {
+  detail::check_device(device);
+  return Stream(nullptr, device);
+}
+
+void Stream::synchronize() const {
+  detail::CudaDeviceGuard guard(device_);
+  MICROLLM_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+}
+
+Stream current_stream(int device) {
+  detail::check_device(device);
+  return Stream(detail::current_cuda_stream(device), device);
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : previous_(current_stream(stream.device())) {
+  detail::t_current_streams[static_cast<size_t>(stream.device())] = static_cast<cudaStream_t>(stream.handle());
+}
+
+StreamGuard::~StreamGuard() {
+  detail::t_current_streams[static_cast<size_t>(previous_.device())] = static_cast<cudaStream_t>(previous_.handle());
+}
+
+Event::Event(int device) : device_(device) {
+  detail::check_device(device);
+  detail::CudaDeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  MICROLLM_CUDA_CHECK(cudaEventCreate(&event));
+  handle_ = event;
+}
+
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+void Event::record(const Stream& stream) {
+  detail::CudaDeviceGuard guard(device_);
+  MICROLLM_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle())));
+}
+
+void Event::wait(const Stream& stream) const {
+  detail::CudaDeviceGuard guard(stream.device());
+  MICROLLM_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle()), static_cast<cudaEvent_t>(handle_), 0));
+}
+
+void Event::synchronize() const { MICROLLM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  float ms = 0;
+  MICROLLM_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(end.handle_)));
+  return ms;
+}
+
+}  // namespace cuda
+}  // namespace microllm
