@@ -109,7 +109,8 @@ BlockResult run_block(const Dims4& d, const Weights& w, const Tensor& ids, const
   AttentionGrads g_qkv = timer.time("attention", [&] {
     return attention_backward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), att, g_att);
   });
-  Tensor g_q = timer.time("rope", [&] { return rope_backward(g_qkv.grad_q.transpose(1, 2), positions, rope_params); });
+  Tensor g_q = timer.time("rope", [&] { return rope_backward(g_qkv.grad_q.transpose(1, 2), positions, rope_params); })
+                   .view({d.batch, d.tokens, d.heads * d.head_dim});
   LinearGrads g_wq = timer.time("linear", [&] { return linear_backward(n1.out, w.wq, false, g_q); });
   return {loss, g_wq.grad_weight};
 }

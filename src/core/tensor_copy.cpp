@@ -44,6 +44,10 @@ void cpu_copy_strided(const Tensor& src, const Tensor& dst) {
 
 void Tensor::copy_(const Tensor& src) {
   MICROLLM_CHECK(defined() && src.defined(), ValueError, "copy_", "undefined tensor");
+  for (int d = 0; d < dim(); ++d) {
+    MICROLLM_CHECK(strides_[d] != 0 || shape_[d] <= 1, ValueError, "copy_", "destination shape ", shape_,
+                   " strides ", strides_, " is a broadcast view: one element would be written many times");
+  }
   const Tensor expanded = src.expand(shape_);
   if (numel() == 0) return;
   if (src.device() == device()) {

@@ -44,7 +44,10 @@ Tensor Tensor::scalar(double value, DType dtype, Device device) { return full(Sh
 Tensor Tensor::arange(double start, double end, double step, DType dtype, Device device) {
   MICROLLM_CHECK(step != 0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(end), ValueError, "arange",
                  "invalid range start=", start, " end=", end, " step=", step);
-  const auto count = static_cast<int64_t>(std::max(0.0, std::ceil((end - start) / step)));
+  const double steps = std::max(0.0, std::ceil((end - start) / step));
+  MICROLLM_CHECK(steps < 9.0e15, ValueError, "arange", "range start=", start, " end=", end, " step=", step,
+                 " has too many elements");
+  const auto count = static_cast<int64_t>(steps);
   Tensor host = empty(Shape{count}, dtype, Device::cpu());
   detail::visit_dtype(dtype, [&]<typename T>() {
     T* data = host.data<T>();

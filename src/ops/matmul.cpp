@@ -64,6 +64,8 @@ MatmulGrads matmul_backward(const Tensor& a, const Tensor& b, const Tensor& grad
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   checks::floating("linear", x, "input");
   checks::rank("linear", weight, "weight", 2);
+  checks::same_dtype("linear", x, "input", weight, "weight");
+  checks::same_device("linear", x, "input", weight, "weight");
   MICROLLM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), ShapeError, "linear", "weight shape ", weight.shape(),
                  " does not match the last dim of input ", x.shape());
   Shape out_shape = x.shape();
@@ -77,6 +79,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 LinearGrads linear_backward(const Tensor& x, const Tensor& weight, bool has_bias, const Tensor& grad_out) {
   checks::floating("linear_backward", grad_out, "grad_out");
+  checks::rank("linear_backward", weight, "weight", 2);
+  Shape expected = x.shape();
+  MICROLLM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), ShapeError, "linear_backward", "weight shape ",
+                 weight.shape(), " does not match the last dim of input ", x.shape());
+  expected[expected.size() - 1] = weight.size(0);
+  MICROLLM_CHECK(grad_out.shape() == expected, ShapeError, "linear_backward", "grad_out shape ", grad_out.shape(),
+                 " does not match the output shape ", expected);
   const Tensor g = as_matrix(grad_out, weight.size(0));  // [N, out]
   const Tensor x2 = as_matrix(x, weight.size(1));        // [N, in]
   LinearGrads grads;

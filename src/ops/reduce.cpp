@@ -19,7 +19,8 @@ std::vector<int> reduced_dims(const Dims& dims, int rank, const char* op) {
     for (int64_t d : dims) out.push_back(normalize_dim(d, rank, op));
   }
   std::sort(out.begin(), out.end(), std::greater<>());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  MICROLLM_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), ValueError, op, "dims ", dims,
+                 " name a dim more than once");
   return out;
 }
 
@@ -35,6 +36,10 @@ Tensor reduce_dims(ReduceOp op, const Tensor& x, const Dims& dims, bool keepdim)
   const char* name = reduce_op_name(op);
   checks::defined(name, x, "input");
   if (op == ReduceOp::mean) checks::floating(name, x, "input");
+  // Integer sums accumulate and return i64 (as in PyTorch), so u8/i32 sums cannot wrap.
+  if (op == ReduceOp::sum && is_integral(x.dtype()) && x.dtype() != DType::i64) {
+    return reduce_dims(op, x.to(DType::i64), dims, keepdim);
+  }
   if (x.dim() == 0) return x.clone();
   const std::vector<int> order = reduced_dims(dims, x.dim(), name);
   if (op == ReduceOp::max || op == ReduceOp::min) {

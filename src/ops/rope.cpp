@@ -3,14 +3,10 @@
 
 #include <cmath>
 
+#include "../backend/rope_math.h"
 #include "checks.h"
 
 namespace microllm {
-namespace cpu {
-// Defined in src/backend/cpu/rope.cpp next to the kernel, so the formula exists once.
-std::vector<float> rope_inv_freq_f32(const RopeParams& params, int64_t head_dim);
-}  // namespace cpu
-
 namespace {
 
 bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
@@ -74,7 +70,7 @@ std::vector<float> rope_inv_freq(const RopeParams& params, int64_t head_dim) {
   MICROLLM_CHECK(head_dim > 0 && head_dim % 2 == 0, ValueError, "rope_inv_freq", "head_dim must be even and > 0, got ",
                  head_dim);
   check_params("rope_inv_freq", params);
-  return cpu::rope_inv_freq_f32(params, head_dim);
+  return rope_inv_freq_as<float>(params, head_dim);
 }
 
 }  // namespace microllm

@@ -98,7 +98,11 @@ void expect_gradients_match(const std::vector<Tensor>& inputs, const ForwardFn& 
   const std::vector<Tensor> grads = backward(base, weights);
   ASSERT_EQ(grads.size(), inputs.size()) << "backward must return one gradient per input";
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (!grads[k].defined()) continue;
+    if (!grads[k].defined()) {
+      // Only inputs that cannot carry a gradient (ids, masks) may have none: a lost gradient fails here.
+      EXPECT_FALSE(is_floating(inputs[k].dtype())) << "backward returned no gradient for floating input " << k;
+      continue;
+    }
     ASSERT_EQ(grads[k].shape(), inputs[k].shape()) << "gradient " << k << " has the wrong shape";
     const std::vector<double> analytic = host_values(grads[k]);
     double worst = 0;

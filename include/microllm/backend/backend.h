@@ -45,15 +45,17 @@ class Backend {
   virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& out) = 0;
 
   // ---- normalization (norm.*) ----
-  // h = x (+ residual); out = h * rsqrt(mean(h^2) + eps) * weight. residual and h_out may be undefined
-  // (no residual); rstd_out (f32, one per row) is saved for the backward.
+  // h = round(x (+ residual)); out = round(weight * round(h * rsqrt(mean(h^2) + eps))) with round() to
+  // x's dtype (Hugging Face's order). residual and h_out may be undefined (no residual); rstd_out (one per
+  // row; f32, f64 for f64 inputs) is saved for the backward.
   virtual void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
                         const Tensor& h_out, const Tensor& rstd_out) = 0;
   virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                                  const Tensor& grad_h, const Tensor& grad_weight) = 0;
 
   // ---- rotary embedding (rope.*) ----
-  // x is [B, T, H, D]; positions [B, T] (i32/i64). inverse rotates by -angle (the backward).
+  // x is [B, T, H, D]; positions [B, T] (i32/i64; may be a stride-0 expanded view of [T]). inverse
+  // rotates by -angle (the backward). Frequencies come from src/backend/rope_math.h.
   virtual void rope(const Tensor& x, const Tensor& positions, const RopeParams& params, bool inverse,
                     const Tensor& out) = 0;
 

@@ -1,5 +1,6 @@
 // RMSNorm, optionally fused with the residual add that precedes it in every decoder layer.
-//   h = x + residual;  y = h / sqrt(mean(h^2, last dim) + eps) * weight
+//   h = round(x + residual);  y = round(weight * round(h / sqrt(mean(h^2, last dim) + eps)))
+// with round() to x's dtype: Hugging Face's order of roundings, so bf16 results match it bit for bit.
 // f32 statistics for every storage dtype (f64 for f64). weight has the size of the last dim.
 #pragma once
 
@@ -10,7 +11,7 @@ namespace microllm {
 struct RmsNormResult {
   Tensor out;   // y, x's dtype and shape
   Tensor h;     // x + residual (undefined without a residual)
-  Tensor rstd;  // [rows] f32: 1 / sqrt(mean(h^2) + eps), saved for the backward
+  Tensor rstd;  // [rows] f32 (f64 for f64 inputs): 1 / sqrt(mean(h^2) + eps), saved for the backward
 };
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);

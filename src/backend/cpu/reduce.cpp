@@ -145,6 +145,7 @@ void CpuBackend::embedding(const Tensor& weight, const Tensor& ids, const Tensor
   const int64_t count = flat_ids.numel();
   const int64_t dim = weight.size(1);
   const auto row_bytes = static_cast<size_t>(dim) * weight.element_size();
+  if (row_bytes == 0) return;  // zero-width rows: nothing to copy (and memcpy must not see a null pointer)
   const Tensor rows = weight.stride(1) == 1 ? weight : weight.contiguous();
   const auto* src = static_cast<const char*>(rows.data_ptr());
   auto* dst = static_cast<char*>(out.data_ptr());
