@@ -3,6 +3,7 @@
 # block forward and backward on the CPU, checked against finite differences, with timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CCACHE_BASEDIR="$PWD"  # relative paths in ccache keys: build presets share cached objects
 
 scripts/setup-debian.sh
 cmake --preset cpu-release

@@ -46,7 +46,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Tensor out = Tensor::empty(with_matrix(batch, m, n), a.dtype(), a.device());
   const Tensor a_full = a.expand(with_matrix(batch, a.size(-2), a.size(-1)));
   const Tensor b_full = b.expand(with_matrix(batch, b.size(-2), b.size(-1)));
-  backend_for(a.device()).matmul(a_full, b_full, transpose_a, transpose_b, out);
+  backend_for(a.device()).matmul(a_full, b_full, transpose_a, transpose_b, Tensor(), out);
   return out;
 }
 
@@ -70,11 +70,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  " does not match the last dim of input ", x.shape());
   Shape out_shape = x.shape();
   out_shape[out_shape.size() - 1] = weight.size(0);
-  Tensor y = matmul(as_matrix(x, x.size(-1)), weight, false, true).view(out_shape);
-  if (!bias.defined()) return y;
-  MICROLLM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), ShapeError, "linear", "bias shape ", bias.shape(),
-                 " does not match weight shape ", weight.shape());
-  return add(y, bias);
+  if (bias.defined()) {
+    MICROLLM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), ShapeError, "linear", "bias shape ",
+                   bias.shape(), " does not match weight shape ", weight.shape());
+    checks::same_dtype("linear", x, "input", bias, "bias");
+    checks::same_device("linear", x, "input", bias, "bias");
+  }
+  // [N, in] @ [out, in]^T (+ bias, fused into the matmul's epilogue)
+  const Tensor x2 = as_matrix(x, x.size(-1));
+  Tensor y = Tensor::empty({x2.size(0), weight.size(0)}, x.dtype(), x.device());
+  backend_for(x.device()).matmul(x2, weight, false, true, bias, y);
+  return y.view(out_shape);
 }
 
 LinearGrads linear_backward(const Tensor& x, const Tensor& weight, bool has_bias, const Tensor& grad_out) {

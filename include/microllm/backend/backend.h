@@ -41,8 +41,10 @@ class Backend {
   virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) = 0;
 
   // ---- matmul (matmul.*) ----
-  // out[b] = op(a[b]) @ op(b[b]); a, b are [batch..., rows, cols] expanded to out's batch dims.
-  virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& out) = 0;
+  // out[b] = op(a[b]) @ op(b[b]) (+ bias); a, b are [batch..., rows, cols] expanded to out's batch dims;
+  // bias (may be undefined) is [N], added to every row (the epilogue of Linear).
+  virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
+                      const Tensor& out) = 0;
 
   // ---- normalization (norm.*) ----
   // h = round(x (+ residual)); out = round(weight * round(h * rsqrt(mean(h^2) + eps))) with round() to

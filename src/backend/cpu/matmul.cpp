@@ -63,7 +63,8 @@ void pack(const T* data, int64_t rows, int64_t cols, int64_t s0, int64_t s1, std
 
 }  // namespace
 
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& out) {
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
+                        const Tensor& out) {
   cpu::visit_float(a.dtype(), "matmul", [&]<typename T>() {
     using A = cpu::acc_t<T>;
     const int rank = out.dim();
@@ -73,6 +74,12 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool
                    " exceed the BLAS int range");
     if (m == 0 || n == 0) return;
     const int64_t batches = out.numel() / (m * n);
+    constexpr bool c_in_place = std::is_same_v<T, A>;  // f32/f64 results land in out directly
+    std::vector<A> bias_values;
+    if (bias.defined()) {
+      const T* bias_data = static_cast<const T*>(bias.data_ptr());
+      for (int64_t j = 0; j < n; ++j) bias_values.push_back(cpu::load(bias_data + j * bias.stride(0)));
+    }
     std::vector<A> pack_a, pack_b, result;
     const T* a_base = static_cast<const T*>(a.data_ptr());
     const T* b_base = static_cast<const T*>(b.data_ptr());
@@ -104,11 +111,17 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool
         mb = {pack_b.data(), transpose_b, std::max<int64_t>(b_cols, 1)};
       }
       T* c = out_base + batch * m * n;
-      if constexpr (std::is_same_v<T, A>) {
-        gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, c, n);
-      } else {
+      A* product = c_in_place ? reinterpret_cast<A*>(c) : nullptr;
+      if (!product) {
         result.resize(static_cast<size_t>(m * n));
-        gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, result.data(), n);
+        product = result.data();
+      }
+      gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, product, n);
+      if (!bias_values.empty()) {  // the epilogue: one rounding for product + bias
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) product[r * n + j] += bias_values[static_cast<size_t>(j)];
+      }
+      if (!c_in_place) {
         for (int64_t i = 0; i < m * n; ++i) cpu::store(c + i, result[static_cast<size_t>(i)]);
       }
     }
