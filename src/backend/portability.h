@@ -9,3 +9,12 @@
 #define MICROLLM_HD
 #define MICROLLM_DEVICE
 #endif
+
+// Warp shuffles: CUDA's *_sync forms with a full mask; HIP's wavefront of 64 needs its own port.
+#if defined(__CUDACC__)
+#define MICROLLM_SHFL_XOR(value, lane_mask) __shfl_xor_sync(0xffffffffu, (value), (lane_mask))
+#define MICROLLM_SHFL(value, src_lane) __shfl_sync(0xffffffffu, (value), (src_lane))
+#elif defined(__HIPCC__)
+#define MICROLLM_SHFL_XOR(value, lane_mask) __shfl_xor((value), (lane_mask))
+#define MICROLLM_SHFL(value, src_lane) __shfl((value), (src_lane))
+#endif

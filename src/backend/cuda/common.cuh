@@ -1,0 +1,161 @@
+// Shared device code of the CUDA backend (internal header): storage types and their f32 views, dtype
+// dispatch, launch helpers, strided indexing and warp/block reductions. Kernels use only what this
+// header and portability.h give them, so a HIP port replaces these two files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "../../core/cuda/cuda_check.h"
+#include "../../core/merge_dims.h"
+#include "../portability.h"
+#include "microllm/core/tensor.h"
+
+namespace microllm::cuda_kernels {
+
+// ---- storage types: DType -> CUDA type, and loads/stores through the accumulation type ----
+// A is float for every storage type except double.
+template <typename T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T> __device__ __forceinline__ acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }
+template <> __device__ __forceinline__ float to_acc<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_acc<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> v) { return static_cast<T>(v); }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+[[noreturn]] inline void no_kernel(const char* op, DType dtype) {
+  throw NotSupportedError(op, str_cat(op, " has no CUDA kernel for ", dtype));
+}
+
+// fn.template operator()<T>() with T the CUDA storage type of a floating dtype.
+template <typename Fn>
+decltype(auto) visit_float(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f64: return fn.template operator()<double>();
+    case DType::f16: return fn.template operator()<__half>();
+    case DType::bf16: return fn.template operator()<__nv_bfloat16>();
+    default: no_kernel(op, dtype);
+  }
+}
+
+// Floating types plus the integers (comparisons, where, scatter, ...); integers compute in int64.
+template <typename Fn>
+decltype(auto) visit_numeric(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::i8: return fn.template operator()<int8_t>();
+    case DType::u8: return fn.template operator()<uint8_t>();
+    case DType::i32: return fn.template operator()<int32_t>();
+    case DType::i64: return fn.template operator()<int64_t>();
+    default: return visit_float(dtype, op, fn);
+  }
+}
+
+// ---- launching ----
+// The device and stream a kernel runs on: the output's device, its current stream.
+struct Launch {
+  int device;
+  cudaStream_t stream;
+  detail::CudaDeviceGuard guard;
+  explicit Launch(const Tensor& out)
+      : device(out.device().index), stream(detail::current_cuda_stream(out.device().index)), guard(device) {}
+};
+
+constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over n items (capped: each thread loops over the rest).
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 8));
+}
+
+#define MICROLLM_GRID_STRIDE_LOOP(i, n)                                                              \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);             \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// ---- strided indexing: N operands sharing one logical shape, dims merged on the host ----
+template <int N>
+struct StridedMeta {
+  int rank;
+  int64_t shape[kMaxDims];
+  int64_t strides[N][kMaxDims];
+
+  // Element offsets of logical element `linear` in each operand.
+  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&out)[N]) const {
+    for (int k = 0; k < N; ++k) out[k] = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t i = linear % shape[d];
+      linear /= shape[d];
+      for (int k = 0; k < N; ++k) out[k] += i * strides[k][d];
+    }
+  }
+};
+
+// Merges dims that are contiguous in every operand (a contiguous tensor becomes rank 1).
+template <int N>
+StridedMeta<N> make_strided_meta(const Shape& shape, const std::array<Strides, N>& strides) {
+  const detail::RowLayout<N> layout = detail::merge_dims<N>(shape, strides);
+  StridedMeta<N> meta{};
+  meta.rank = layout.shape.size();
+  for (int d = 0; d < meta.rank; ++d) {
+    meta.shape[d] = layout.shape[d];
+    for (int k = 0; k < N; ++k) meta.strides[k][d] = layout.strides[k][d];
+  }
+  return meta;
+}
+
+// True when every operand is contiguous in the merged layout (one dim, unit stride).
+template <int N>
+bool all_contiguous(const StridedMeta<N>& meta) {
+  if (meta.rank != 1) return false;
+  for (int k = 0; k < N; ++k) {
+    if (meta.strides[k][0] != 1) return false;
+  }
+  return true;
+}
+
+// ---- reductions inside a warp and a block ----
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += MICROLLM_SHFL_XOR(v, offset);
+  return v;
+}
+
+template <typename A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, MICROLLM_SHFL_XOR(v, offset));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 values of shared memory.
+template <typename A>
+__device__ A block_sum(A v, A* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : A(0);
+  return warp_sum(v);
+}
+
+template <typename A>
+__device__ A block_max(A v, A* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace microllm::cuda_kernels

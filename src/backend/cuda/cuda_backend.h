@@ -1,0 +1,65 @@
+// The CUDA backend: one instance per device. Each method is defined in the .cu file of its family
+// (elementwise.cu, norm.cu, ...), launches on the current stream of the output's device, never
+// synchronizes with the host and never copies between host and device. Internal header.
+#pragma once
+
+#include "microllm/backend/backend.h"
+
+namespace microllm {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  int device() const { return device_; }
+  const char* name() const override { return "cuda"; }
+
+  void unary(UnaryOp op, const Tensor& x, double alpha, const Tensor& out) override;
+  void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out,
+                      const Tensor& grad_x) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+
+  void reduce(ReduceOp op, const Tensor& x, int dim, const Tensor& out) override;
+  void argmax(const Tensor& x, int dim, const Tensor& out) override;
+  void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) override;
+  void scatter_add(const Tensor& index, const Tensor& src, int dim, const Tensor& out) override;
+  void embedding(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
+  void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) override;
+
+  void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
+              const Tensor& out) override;
+
+  void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
+                const Tensor& h_out, const Tensor& rstd_out) override;
+  void rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
+                         const Tensor& grad_h, const Tensor& grad_weight) override;
+
+  void rope(const Tensor& x, const Tensor& positions, const RopeParams& params, bool inverse,
+            const Tensor& out) override;
+
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& grad_out, const Tensor& grad_gate,
+                       const Tensor& grad_up) override;
+
+  void softmax(const Tensor& x, bool log, const Tensor& out) override;
+  void softmax_backward(const Tensor& y, const Tensor& grad_out, bool log, const Tensor& grad_x) override;
+
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const AttentionParams& params,
+                 const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                          const AttentionParams& params, const Tensor& out, const Tensor& lse,
+                          const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
+                          const Tensor& grad_v) override;
+
+  void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              const Tensor& grad_loss, const Tensor& grad_logits) override;
+
+ private:
+  int device_;
+};
+
+// The backend of CUDA device `device` (created on first use).
+Backend& cuda_backend(int device);
+
+}  // namespace microllm
