@@ -10,6 +10,7 @@
 
 #include "../device_runtime.h"
 #include "cuda_check.h"
+#include "device_errors.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/tensor.h"
 
@@ -216,6 +217,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
     device_to_host(dst, src, nbytes, src_device.index);
     ++g_d2h;
     g_d2h_bytes += nbytes;
+    check_cuda_device_errors(src_device.index);  // the host waited for the device: read its reports
   } else if (dst_device.is_cuda() && src_device.is_cuda()) {
     CudaDeviceGuard guard(dst_device.index);
     const cudaStream_t stream = current_cuda_stream(dst_device.index);

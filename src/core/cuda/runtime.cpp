@@ -2,6 +2,7 @@
 #include <array>
 
 #include "cuda_check.h"
+#include "device_errors.h"
 #include "microllm/core/cuda.h"
 
 namespace microllm {
@@ -56,6 +57,7 @@ void synchronize(int device) {
   detail::check_device(device);
   detail::CudaDeviceGuard guard(device);
   MICROLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  detail::check_cuda_device_errors(device);
 }
 
 Stream Stream::create(int device) {
@@ -75,6 +77,7 @@ Stream Stream::default_stream(int device) {
 void Stream::synchronize() const {
   detail::CudaDeviceGuard guard(device_);
   MICROLLM_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  detail::check_cuda_device_errors(device_);
 }
 
 Stream current_stream(int device) {
@@ -113,7 +116,10 @@ void Event::wait(const Stream& stream) const {
       cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle()), static_cast<cudaEvent_t>(handle_), 0));
 }
 
-void Event::synchronize() const { MICROLLM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_))); }
+void Event::synchronize() const {
+  MICROLLM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+  detail::check_cuda_device_errors(device_);
+}
 
 float Event::elapsed_ms(const Event& start, const Event& end) {
   float ms = 0;
