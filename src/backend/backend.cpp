@@ -1,5 +1,7 @@
 #include "microllm/backend/backend.h"
 
+#include <atomic>
+
 #include "cpu/cpu_backend.h"
 
 namespace microllm {
@@ -7,6 +9,13 @@ namespace microllm {
 #ifdef MICROLLM_WITH_CUDA
 Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
 #endif
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 
 Backend& cpu_backend() {
   static CpuBackend backend;

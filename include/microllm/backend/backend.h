@@ -99,4 +99,9 @@ class Backend {
 Backend& backend_for(Device device);
 Backend& cpu_backend();
 
+// Whether f32 matmuls on CUDA may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulation):
+// several times faster, but results differ from f32 by about 1e-3 relative. Off by default; process-wide.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 }  // namespace microllm

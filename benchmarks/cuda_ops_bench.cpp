@@ -1,0 +1,161 @@
+// microLLM CUDA ops at the shapes of Qwen2.5-0.5B and DeepSeek-R1-Distill-Qwen-1.5B, one JSON line per
+// measurement (median of repeated CUDA-event timings after warm-up). benchmarks/cuda_vs_torch.py runs
+// this program and the same ops in PyTorch in one call and prints the comparison table.
+//   build/cuda-release/benchmarks/cuda_ops_bench [--reps N] [--filter SUBSTRING]
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "microllm/microllm.h"
+
+namespace microllm {
+namespace {
+
+struct Model {
+  const char* name;
+  int64_t hidden, intermediate, heads, kv_heads, head_dim, vocab;
+};
+constexpr Model kModels[] = {{"qwen2.5-0.5b", 896, 4864, 14, 2, 64, 151936},
+                             {"deepseek-r1-distill-qwen-1.5b", 1536, 8960, 12, 2, 128, 151936}};
+
+int g_reps = 30;
+std::string g_filter;
+const Device kGpu = Device::cuda(0);
+
+Tensor random(const Shape& shape, DType dtype = DType::bf16, double lo = -1, double hi = 1) {
+  static Generator gen(2026);
+  return Tensor::uniform(shape, gen, lo, hi, dtype, kGpu);
+}
+
+// Times fn with CUDA events: warm-up, then the median of g_reps single runs.
+double median_ms(const std::function<void()>& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  const cuda::Stream stream = cuda::current_stream(0);
+  std::vector<float> times;
+  for (int i = 0; i < g_reps; ++i) {
+    cuda::Event start(0), end(0);
+    start.record(stream);
+    fn();
+    end.record(stream);
+    end.synchronize();
+    times.push_back(cuda::Event::elapsed_ms(start, end));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void report(const std::string& op, const std::string& model, int64_t tokens, const std::string& shape, double bytes,
+            double flops, const std::function<void()>& fn) {
+  const std::string key = op + " " + model;
+  if (!g_filter.empty() && key.find(g_filter) == std::string::npos) return;
+  const double ms = median_ms(fn);
+  std::printf(
+      "{\"op\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, \"shape\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, "
+      "\"flops\": %.0f}\n",
+      op.c_str(), model.c_str(), static_cast<long long>(tokens), shape.c_str(), ms, bytes, flops);
+  std::fflush(stdout);
+}
+
+void model_ops(const Model& m) {
+  const double e = 2;  // bf16 bytes
+  for (int64_t t : {int64_t{1}, int64_t{512}, int64_t{2048}}) {
+    const Tensor x = random({t, m.hidden}), res = random({t, m.hidden}), w = random({m.hidden}, DType::bf16, 0.5, 1.5);
+    report("rms_norm_residual", m.name, t, str_cat("[", t, ", ", m.hidden, "]"), e * 4 * t * m.hidden, 0,
+           [&] { rms_norm_residual(x, res, w, 1e-6); });
+    const Tensor q = random({1, t, m.heads, m.head_dim});
+    const Tensor pos = Tensor::arange(t, DType::i64, kGpu);
+    const RopeParams rp{1e6, RopeLayout::split_half, {}};
+    report("rope", m.name, t, str_cat("[1, ", t, ", ", m.heads, ", ", m.head_dim, "]"),
+           e * 2 * t * m.heads * m.head_dim, 0, [&] { rope(q, pos, rp); });
+    const Tensor gate = random({t, m.intermediate}), up = random({t, m.intermediate});
+    report("swiglu", m.name, t, str_cat("[", t, ", ", m.intermediate, "]"), e * 3 * t * m.intermediate, 0,
+           [&] { swiglu(gate, up); });
+    // The projections of one decoder layer and the LM head: y = x W^T.
+    const int64_t qkv = (m.heads + 2 * m.kv_heads) * m.head_dim;
+    const std::pair<const char*, std::pair<int64_t, int64_t>> gemms[] = {
+        {"gemm_qkv", {qkv, m.hidden}}, {"gemm_o", {m.hidden, m.heads * m.head_dim}},
+        {"gemm_gate_up", {2 * m.intermediate, m.hidden}}, {"gemm_down", {m.hidden, m.intermediate}},
+        {"gemm_lm_head", {m.vocab, m.hidden}}};
+    for (const auto& [name, dims] : gemms) {
+      const auto [n, k] = dims;
+      const Tensor a = random({t, k}), weight = random({n, k}, DType::bf16, -0.05, 0.05);
+      report(name, m.name, t, str_cat("[", t, ", ", k, "] x [", n, ", ", k, "]^T"), e * (t * k + n * k + t * n),
+             2.0 * t * n * k, [&] { linear(a, weight); });
+    }
+    if (t >= 512) {
+      const Tensor logits = random({t, m.vocab}, DType::bf16, -4, 4);
+      const Tensor targets = Tensor::arange(0, static_cast<double>(t * 37), 37, DType::i64, kGpu);
+      const Tensor one = Tensor::ones({}, DType::f32, kGpu);
+      report("cross_entropy_fwd_bwd", m.name, t, str_cat("[", t, ", ", m.vocab, "]"), e * 3 * t * m.vocab, 0, [&] {
+        cross_entropy(logits, targets);
+        cross_entropy_backward(logits, targets, one);
+      });
+      // Causal attention, batch 1, in the model's [B, T, H, D] layout.
+      const Tensor aq = random({1, t, m.heads, m.head_dim}), ak = random({1, t, m.kv_heads, m.head_dim});
+      const Tensor av = random({1, t, m.kv_heads, m.head_dim}), ado = random({1, t, m.heads, m.head_dim});
+      const double attn_flops = 4.0 * m.heads * m.head_dim * (t * (t + 1) / 2.0);  // causal: half the scores
+      const std::string shape = str_cat("B1 T", t, " H", m.heads, "/", m.kv_heads, " D", m.head_dim);
+      report("attention_fwd", m.name, t, shape, e * (2 * t * m.heads + 2 * t * m.kv_heads) * m.head_dim, attn_flops,
+             [&] { attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2)); });
+      const AttentionResult fwd = attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2));
+      report("attention_bwd", m.name, t, shape, e * (4 * t * m.heads + 4 * t * m.kv_heads) * m.head_dim,
+             2.5 * attn_flops, [&] {
+               attention_backward(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2), fwd, ado.transpose(1, 2));
+             });
+    }
+  }
+  // Decode attention: batch 8, one new token against a 2048-token cache.
+  const int64_t batch = 8, context = 2048;
+  const Tensor q = random({batch, m.heads, 1, m.head_dim});
+  const Tensor k = random({batch, m.kv_heads, context, m.head_dim}), v = random({batch, m.kv_heads, context, m.head_dim});
+  AttentionParams p;
+  p.q_offset = context - 1;
+  report("attention_decode", m.name, 1, str_cat("B", batch, " ctx", context, " H", m.heads, "/", m.kv_heads, " D", m.head_dim),
+         2.0 * batch * 2 * m.kv_heads * context * m.head_dim, 4.0 * batch * m.heads * context * m.head_dim,
+         [&] { attention(q, k, v, p); });
+}
+
+// Bandwidth-bound ops on >= 64 MB, against the device-to-device copy ceiling.
+void bandwidth_ops() {
+  const int64_t rows = 16384, cols = 4096;  // 64 M elements: 128 MB in bf16
+  const Tensor a = random({rows, cols}), b = random({rows, cols});
+  const double n = static_cast<double>(rows * cols), e = 2;
+  Tensor dst = Tensor::empty({rows, cols}, DType::bf16, kGpu);
+  report("copy", "bandwidth", rows, "[16384, 4096] bf16", 2 * e * n, 0, [&] { dst.copy_(a); });
+  report("add", "bandwidth", rows, "[16384, 4096] bf16", 3 * e * n, n, [&] { add(a, b); });
+  report("silu", "bandwidth", rows, "[16384, 4096] bf16", 2 * e * n, 0, [&] { silu(a); });
+  report("swiglu", "bandwidth", rows, "[16384, 4096] bf16", 3 * e * n, 0, [&] { swiglu(a, b); });
+  const Tensor w = random({cols}, DType::bf16, 0.5, 1.5);
+  report("rms_norm", "bandwidth", rows, "[16384, 4096] bf16", 2 * e * n, 0, [&] { rms_norm(a, w, 1e-6); });
+  report("softmax", "bandwidth", rows, "[16384, 4096] bf16", 2 * e * n, 0, [&] { softmax(a); });
+  const Tensor f = random({rows, cols}, DType::f32);
+  report("cast_f32_bf16", "bandwidth", rows, "[16384, 4096]", 6 * n, 0, [&] { f.to(DType::bf16); });
+  const Tensor big_logits = random({8192, 151936}, DType::bf16, -4, 4);
+  const Tensor targets = Tensor::arange(0, 8192.0 * 11, 11, DType::i64, kGpu);
+  report("cross_entropy_fwd", "bandwidth", 8192, "[8192, 151936] bf16", e * 8192.0 * 151936, 0,
+         [&] { cross_entropy(big_logits, targets); });
+}
+
+}  // namespace
+}  // namespace microllm
+
+int main(int argc, char** argv) {
+  using namespace microllm;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) g_filter = argv[++i];
+  }
+  if (!cuda_available()) {
+    std::fprintf(stderr, "cuda_ops_bench: no CUDA device\n");
+    return 1;
+  }
+  const cuda::DeviceProperties props = cuda::device_properties(0);
+  std::fprintf(stderr, "cuda_ops_bench on %s (%d SMs), median of %d runs\n", props.name.c_str(), props.multiprocessors,
+               g_reps);
+  bandwidth_ops();
+  for (const Model& m : kModels) model_ops(m);
+  return 0;
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Stages what the GPU machine needs into .device/ (git-ignored), for the device tool's `carry`:
+# the cuda-release libraries and programs built here (the GPU machine's image runs them), so the GPU's
+# time goes to tests and benchmarks, not to compiling.
+#   tools/gpu/stage.sh [build-dir]      (default build/cuda-release)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build/cuda-release}
+rm -rf .device
+mkdir -p .device/lib .device/bin
+cp -a "$build"/src/libmicrollm_*.so* .device/lib/
+for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench apps/microllm; do
+  [ -f "$build/$program" ] && cp "$build/$program" .device/bin/
+done
+for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done
+strip --strip-debug .device/bin/* .device/lib/*.so.* 2>/dev/null || true
+du -sh .device
