@@ -1,9 +1,420 @@
-// PLACEHOLDER (being written): CUDA norm kernels.
+// CUDA RMSNorm (optionally fused with the residual add) and its backward, with the CPU reference's
+// roundings (Hugging Face's order): h = round(x + residual); y = round(w * round(h * rstd)), statistics in
+// f32 (f64 for f64).
+//
+// Forward: a warp (short rows) or a block (long rows) per row; the row stays in registers between the
+// sum of squares and the output, so each input is read once. Rows that are contiguous and 16-byte aligned
+// move in 16-byte vectors; other layouts and very long rows take a two-pass kernel (a block per row) that
+// reads the row twice.
+// Backward: a block per chunk of rows computes grad_h row by row and sums g * h * rstd for its rows into
+// a private [n] slice (shared memory, or global for very long rows); a second kernel adds the slices in
+// a fixed order, so grad_weight is the same on every run, with no atomics.
+#include <cmath>
+
+#include "common.cuh"
 #include "cuda_backend.h"
+#include "op_scope.h"
 
 namespace microllm {
+namespace cuda_kernels {
+namespace {
 
-void CudaBackend::rms_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&, const Tensor&) { throw NotSupportedError("rms_norm", "rms_norm has no CUDA kernel yet"); }
-void CudaBackend::rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { throw NotSupportedError("rms_norm_backward", "rms_norm_backward has no CUDA kernel yet"); }
+constexpr int kNormThreads = 256;
+
+template <int N, typename T>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// v rounded to the storage type and read back: HF keeps these intermediates in the model dtype.
+template <typename T>
+__device__ __forceinline__ acc_t<T> round_to(acc_t<T> v) {
+  return to_acc(from_acc<T>(v));
+}
+
+// Group p of a row: elements [p * V, p * V + V) in one 16-byte load when V > 1 (the row is contiguous
+// and aligned), else the single element p at `step`.
+template <typename T, int V>
+__device__ __forceinline__ void load_group(const T* row, int64_t step, int64_t p, acc_t<T> (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = to_acc(row[p * step]);
+  } else {
+    const Pack<V, T> pack = reinterpret_cast<const Pack<V, T>*>(row)[p];
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = to_acc(pack.v[v]);
+  }
+}
+
+// Group p of a contiguous row, rounded to T.
+template <typename T, int V>
+__device__ __forceinline__ void store_group(T* row, int64_t p, const acc_t<T> (&in)[V]) {
+  if constexpr (V == 1) {
+    row[p] = from_acc<T>(in[0]);
+  } else {
+    Pack<V, T> pack;
+#pragma unroll
+    for (int v = 0; v < V; ++v) pack.v[v] = from_acc<T>(in[v]);
+    reinterpret_cast<Pack<V, T>*>(row)[p] = pack;
+  }
+}
+
+template <typename T>
+struct ForwardArgs {
+  const T* x;
+  const T* residual;  // null: no residual
+  const T* weight;
+  T* out;             // [rows, n] contiguous
+  T* h_out;           // [rows, n] contiguous, or null
+  acc_t<T>* rstd;     // [rows]
+  StridedMeta<2> rows;  // row index -> offset of the row's first element in x and in residual
+  int64_t n_rows, n;
+  int64_t x_step, r_step, w_step;  // element steps along a row (1 on the vectorized paths)
+  acc_t<T> eps;
+};
+
+// h for group p of a row: x, or x + residual rounded to T (it is that stored h that gets normalized).
+template <typename T, int V>
+__device__ __forceinline__ void load_h(const ForwardArgs<T>& args, const T* x_row, const T* r_row, int64_t p,
+                                       acc_t<T> (&h)[V]) {
+  load_group<T, V>(x_row, args.x_step, p, h);
+  if (r_row) {
+    acc_t<T> r[V];
+    load_group<T, V>(r_row, args.r_step, p, r);
+#pragma unroll
+    for (int v = 0; v < V; ++v) h[v] = round_to<T>(h[v] + r[v]);
+  }
+}
+
+// y for group p: round(w * round(h * rstd)).
+template <typename T, int V>
+__device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row, int64_t p, const acc_t<T> (&h)[V],
+                                        acc_t<T> rstd) {
+  acc_t<T> w[V], y[V];
+  load_group<T, V>(args.weight, args.w_step, p, w);
+#pragma unroll
+  for (int v = 0; v < V; ++v) y[v] = w[v] * round_to<T>(h[v] * rstd);
+  store_group<T, V>(args.out + row * args.n, p, y);
+}
+
+// TPR threads per row (32: a warp, 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
+// its row in registers. Needs 0 < n / V <= P * TPR.
+template <typename T, int V, int P, int TPR>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArgs<T> args) {
+  using A = acc_t<T>;
+  static_assert(TPR == 32 || TPR == kNormThreads, "a row is a warp or the block");
+  constexpr int kRowsPerBlock = kNormThreads / TPR;
+  __shared__ A scratch[32];
+  const int lane = threadIdx.x % TPR;
+  const int64_t groups = args.n / V;
+  // Uniform per row group: every thread of a warp (TPR 32) or of the block (TPR 256) runs the same rows.
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / TPR; row < args.n_rows;
+       row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    int64_t off[2];
+    args.rows.offsets(row, off);
+    const T* x_row = args.x + off[0];
+    const T* r_row = args.residual ? args.residual + off[1] : nullptr;
+    A h[P][V];
+    A sum_sq = 0;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t p = lane + q * TPR;
+      if (p < groups) {
+        load_h<T, V>(args, x_row, r_row, p, h[q]);
+#pragma unroll
+        for (int v = 0; v < V; ++v) sum_sq += h[q][v] * h[q][v];
+        if (args.h_out) store_group<T, V>(args.h_out + row * args.n, p, h[q]);
+      }
+    }
+    A total;
+    if constexpr (TPR == 32) total = warp_sum(sum_sq);
+    else total = block_sum(sum_sq, scratch);
+    const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
+    if (lane == 0) args.rstd[row] = rstd;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t p = lane + q * TPR;
+      if (p < groups) store_y<T, V>(args, row, p, h[q], rstd);
+    }
+  }
+}
+
+// A block per row, two passes over the row (h is recomputed, bit for bit, in the second): any strides,
+// any n (0 included: rstd = 1 / sqrt(eps)).
+template <typename T, int V>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_two_pass(const ForwardArgs<T> args) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  const int64_t groups = args.n / V;
+  for (int64_t row = blockIdx.x; row < args.n_rows; row += gridDim.x) {
+    int64_t off[2];
+    args.rows.offsets(row, off);
+    const T* x_row = args.x + off[0];
+    const T* r_row = args.residual ? args.residual + off[1] : nullptr;
+    A sum_sq = 0;
+    for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+      A h[V];
+      load_h<T, V>(args, x_row, r_row, p, h);
+#pragma unroll
+      for (int v = 0; v < V; ++v) sum_sq += h[v] * h[v];
+      if (args.h_out) store_group<T, V>(args.h_out + row * args.n, p, h);
+    }
+    const A total = block_sum(sum_sq, scratch);
+    const A mean_sq = args.n > 0 ? total / static_cast<A>(args.n) : A(0);
+    const A rstd = A(1) / std::sqrt(mean_sq + args.eps);
+    if (threadIdx.x == 0) args.rstd[row] = rstd;
+    for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+      A h[V];
+      load_h<T, V>(args, x_row, r_row, p, h);
+      store_y<T, V>(args, row, p, h, rstd);
+    }
+  }
+}
+
+template <typename T>
+struct BackwardArgs {
+  const T* grad_out;
+  const T* h;
+  const T* weight;
+  const acc_t<T>* rstd;
+  int64_t rstd_step;
+  T* grad_h;             // [rows, n] contiguous
+  acc_t<T>* partials;    // [chunks, n]: chunk c's sum over its rows of g * h * rstd
+  StridedMeta<2> rows;   // row index -> offset of the row's first element in grad_out and in h
+  int64_t n_rows, n, rows_per_chunk;
+  int64_t g_step, h_step, w_step;
+  bool shared_partials;  // accumulate in shared memory (n * sizeof(A) bytes), else in the chunk's global slice
+};
+
+// grad_h = rstd * (w g - h * rstd^2 * mean(w g h)) per row; block b owns rows [b * rpc, (b + 1) * rpc) and
+// column sums partials[b, :]. Each column has one owner thread (groups p = tid + i * blockDim), so the
+// accumulation needs no synchronization. Needs n > 0.
+template <typename T, int V>
+__global__ void __launch_bounds__(kNormThreads) rms_norm_backward_rows(const BackwardArgs<T> args) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  __shared__ A scratch[32];
+  const int64_t groups = args.n / V;
+  A* acc = args.shared_partials ? reinterpret_cast<A*>(shared_raw) : args.partials + blockIdx.x * args.n;
+  for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[p * V + v] = A(0);
+  }
+  const int64_t begin = blockIdx.x * args.rows_per_chunk;
+  const int64_t end = min(args.n_rows, begin + args.rows_per_chunk);
+  for (int64_t row = begin; row < end; ++row) {  // uniform across the block
+    int64_t off[2];
+    args.rows.offsets(row, off);
+    const T* g_row = args.grad_out + off[0];
+    const T* h_row = args.h + off[1];
+    const A r = args.rstd[row * args.rstd_step];
+    A dot = 0;  // sum(w g h)
+    for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+      A g[V], h[V], w[V];
+      load_group<T, V>(g_row, args.g_step, p, g);
+      load_group<T, V>(h_row, args.h_step, p, h);
+      load_group<T, V>(args.weight, args.w_step, p, w);
+#pragma unroll
+      for (int v = 0; v < V; ++v) dot += w[v] * g[v] * h[v];
+    }
+    dot = block_sum(dot, scratch);
+    const A c = r * r * dot / static_cast<A>(args.n);
+    for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+      A g[V], h[V], w[V], dh[V];
+      load_group<T, V>(g_row, args.g_step, p, g);
+      load_group<T, V>(h_row, args.h_step, p, h);
+      load_group<T, V>(args.weight, args.w_step, p, w);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        dh[v] = r * (w[v] * g[v] - h[v] * c);
+        acc[p * V + v] += g[v] * h[v] * r;
+      }
+      store_group<T, V>(args.grad_h + row * args.n, p, dh);
+    }
+  }
+  if (args.shared_partials) {
+    A* slice = args.partials + blockIdx.x * args.n;
+    for (int64_t p = threadIdx.x; p < groups; p += blockDim.x) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) slice[p * V + v] = acc[p * V + v];
+    }
+  }
+}
+
+// grad_weight[j] = sum over chunks of partials[c, j], in a fixed order. Block (32, 8): x picks the column
+// (coalesced), y a strided subset of the chunks; the 8 subtotals are then added in order.
+template <typename T>
+__global__ void rms_norm_weight_grad(const acc_t<T>* __restrict__ partials, int64_t chunks, int64_t n,
+                                     T* __restrict__ grad_weight) {
+  using A = acc_t<T>;
+  __shared__ A subtotal[8][33];
+  for (int64_t base = blockIdx.x * 32; base < n; base += static_cast<int64_t>(gridDim.x) * 32) {  // uniform
+    const int64_t j = base + threadIdx.x;
+    A s = 0;
+    if (j < n) {
+      for (int64_t c = threadIdx.y; c < chunks; c += 8) s += partials[c * n + j];
+    }
+    subtotal[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < n) {
+      A total = 0;
+#pragma unroll
+      for (int y = 0; y < 8; ++y) total += subtotal[y][threadIdx.x];
+      grad_weight[j] = from_acc<T>(total);
+    }
+    __syncthreads();  // subtotal is rewritten by the next column tile
+  }
+}
+
+// ---- host side ----
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The dims before the last of a and b (same sizes), merged: row index -> first element of the row.
+StridedMeta<2> row_meta(const Tensor& a, const Tensor& b) {
+  Shape lead;
+  Strides sa, sb;
+  for (int d = 0; d + 1 < a.dim(); ++d) {
+    lead.push_back(a.size(d));
+    sa.push_back(a.stride(d));
+    sb.push_back(b.stride(d));
+  }
+  return make_strided_meta<2>(lead, {sa, sb});
+}
+
+// Every row start lies on a 16-byte boundary when the base does (the row strides are multiples of 16 bytes).
+bool row_strides_aligned(const StridedMeta<2>& meta, size_t element_size) {
+  for (int d = 0; d < meta.rank; ++d) {
+    if (meta.shape[d] == 1) continue;
+    for (int k = 0; k < 2; ++k) {
+      if ((meta.strides[k][d] * static_cast<int64_t>(element_size)) % 16 != 0) return false;
+    }
+  }
+  return true;
+}
+
+template <typename T, int V, int P, int TPR>
+void launch_cached(const ForwardArgs<T>& args, cudaStream_t stream) {
+  rms_norm_cached<T, V, P, TPR><<<grid_for(args.n_rows, kNormThreads / TPR), kNormThreads, 0, stream>>>(args);
+}
+
+template <typename T>
+void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  if (vectorized) {
+    args.x_step = args.r_step = args.w_step = 1;
+    const int64_t groups = args.n / V;
+    if (groups <= 32) return launch_cached<T, V, 1, 32>(args, stream);
+    if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream);
+    if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream);
+    if (groups <= 256) return launch_cached<T, V, 1, 256>(args, stream);
+    if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream);
+    if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream);
+    if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream);
+    rms_norm_two_pass<T, V><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
+  } else {
+    rms_norm_two_pass<T, 1><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
+  }
+}
+
+constexpr int64_t kMaxChunks = 1024;
+constexpr int64_t kMinRowsPerChunk = 8;
+constexpr size_t kMaxSharedPartialBytes = 40 * 1024;  // under the 48 KiB default, with room for scratch
+
+}  // namespace
+}  // namespace cuda_kernels
+
+using namespace cuda_kernels;
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
+                           const Tensor& h_out, const Tensor& rstd_out) {
+  OpScope scope("rms_norm", device_, detail::current_cuda_stream(device_));
+  visit_float(x.dtype(), "rms_norm", [&]<typename T>() {
+    using A = acc_t<T>;
+    const int64_t n = x.size(-1), rows = rstd_out.numel();
+    MICROLLM_CHECK(rstd_out.dtype() == (std::is_same_v<A, double> ? DType::f64 : DType::f32), DTypeError, "rms_norm",
+                   "rstd must be ", (std::is_same_v<A, double> ? "f64" : "f32"), ", got ", rstd_out.dtype());
+    if (rows == 0) return;
+    Launch launch(out);
+    const bool fused = residual.defined();
+    ForwardArgs<T> args{};
+    args.x = static_cast<const T*>(x.data_ptr());
+    args.residual = fused ? static_cast<const T*>(residual.data_ptr()) : nullptr;
+    args.weight = static_cast<const T*>(weight.data_ptr());
+    args.out = static_cast<T*>(out.data_ptr());
+    args.h_out = h_out.defined() ? static_cast<T*>(h_out.data_ptr()) : nullptr;
+    args.rstd = static_cast<A*>(rstd_out.data_ptr());
+    args.rows = row_meta(x, fused ? residual : x);
+    args.n_rows = rows;
+    args.n = n;
+    args.x_step = x.stride(-1);
+    args.r_step = fused ? residual.stride(-1) : 0;
+    args.w_step = weight.stride(0);
+    args.eps = static_cast<A>(eps);  // HF adds eps to an f32 tensor
+    constexpr int V = 16 / sizeof(T);
+    const bool vectorized = n > 0 && n % V == 0 && args.x_step == 1 && (!fused || args.r_step == 1) &&
+                            args.w_step == 1 && aligned16(args.x) && (!fused || aligned16(args.residual)) &&
+                            aligned16(args.weight) && aligned16(args.out) && (!args.h_out || aligned16(args.h_out)) &&
+                            row_strides_aligned(args.rows, sizeof(T));
+    launch_forward<T>(args, vectorized, launch.stream);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void CudaBackend::rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
+                                    const Tensor& grad_h, const Tensor& grad_weight) {
+  OpScope scope("rms_norm_backward", device_, detail::current_cuda_stream(device_));
+  visit_float(h.dtype(), "rms_norm_backward", [&]<typename T>() {
+    using A = acc_t<T>;
+    constexpr DType kStats = std::is_same_v<A, double> ? DType::f64 : DType::f32;
+    const int64_t n = h.size(-1), rows = rstd.numel();
+    MICROLLM_CHECK(rstd.dtype() == kStats, DTypeError, "rms_norm_backward", "rstd must be ", kStats, ", got ",
+                   rstd.dtype());
+    if (n == 0) return;  // grad_h and grad_weight are empty
+    Launch launch(grad_weight);
+    // Chunks of at least kMinRowsPerChunk rows, at most kMaxChunks of them: enough blocks to fill the GPU,
+    // few enough partial rows that summing them costs little next to reading g and h.
+    const int64_t rows_per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    Tensor partials = Tensor::empty({std::max<int64_t>(chunks, 1), n}, kStats, grad_weight.device());
+    A* partial_data = static_cast<A*>(partials.data_ptr());
+    if (rows > 0) {
+      BackwardArgs<T> args{};
+      args.grad_out = static_cast<const T*>(grad_out.data_ptr());
+      args.h = static_cast<const T*>(h.data_ptr());
+      args.weight = static_cast<const T*>(weight.data_ptr());
+      args.rstd = static_cast<const A*>(rstd.data_ptr());
+      args.rstd_step = rstd.stride(0);
+      args.grad_h = static_cast<T*>(grad_h.data_ptr());
+      args.partials = partial_data;
+      args.rows = row_meta(grad_out, h);
+      args.n_rows = rows;
+      args.n = n;
+      args.rows_per_chunk = rows_per_chunk;
+      args.g_step = grad_out.stride(-1);
+      args.h_step = h.stride(-1);
+      args.w_step = weight.stride(0);
+      const size_t shared_bytes = static_cast<size_t>(n) * sizeof(A);
+      args.shared_partials = shared_bytes <= kMaxSharedPartialBytes;
+      const size_t dynamic_shared = args.shared_partials ? shared_bytes : 0;
+      constexpr int V = 16 / sizeof(T);
+      const bool vectorized = n % V == 0 && args.g_step == 1 && args.h_step == 1 && args.w_step == 1 &&
+                              aligned16(args.grad_out) && aligned16(args.h) && aligned16(args.weight) &&
+                              aligned16(args.grad_h) && row_strides_aligned(args.rows, sizeof(T));
+      const auto blocks = static_cast<unsigned>(chunks);
+      if (vectorized) {
+        args.g_step = args.h_step = args.w_step = 1;
+        rms_norm_backward_rows<T, V><<<blocks, kNormThreads, dynamic_shared, launch.stream>>>(args);
+      } else {
+        rms_norm_backward_rows<T, 1><<<blocks, kNormThreads, dynamic_shared, launch.stream>>>(args);
+      }
+      MICROLLM_CUDA_CHECK_LAUNCH();
+    }
+    const dim3 block(32, 8);
+    const unsigned blocks = grid_for(n, 32);
+    rms_norm_weight_grad<T><<<blocks, block, 0, launch.stream>>>(partial_data, rows > 0 ? chunks : 0, n,
+                                                                 static_cast<T*>(grad_weight.data_ptr()));
+    MICROLLM_CUDA_CHECK_LAUNCH();
+  });
+}
 
 }  // namespace microllm

@@ -1,0 +1,107 @@
+// The blocks of a decoder-only transformer, with Hugging Face parameter names:
+// Linear (weight [out, in], optional bias), Embedding (weight [vocab, dim]), RMSNorm (weight [dim]),
+// Attention (q/k/v/o projections, GQA, optional QKV bias, optional QK-norm, explicit head_dim, RoPE),
+// Mlp (SwiGLU: gate_proj, up_proj, down_proj), DecoderLayer.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "microllm/backend/kernel_params.h"
+#include "microllm/core/random.h"
+#include "microllm/nn/module.h"
+
+namespace microllm::nn {
+
+class KvCache;
+
+// What every forward needs besides its input.
+struct ForwardContext {
+  Tensor positions;                  // [B, T] or [T] i64: the absolute position of each token
+  DType compute_dtype = DType::f32;  // parameters are cast to it: f32 masters with bf16 compute in mixed precision
+  KvCache* cache = nullptr;          // inference: the keys and values of earlier tokens (no_grad only)
+  Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
+};
+
+// Normal(0, std) values for a new weight.
+Tensor init_normal(const Shape& shape, Generator& gen, double std);
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std);
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  Variable& weight() { return *weight_; }
+
+ private:
+  Variable* weight_;
+  Variable* bias_ = nullptr;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, Generator& gen, double init_std);
+  Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
+  Variable& weight() { return *weight_; }
+
+ private:
+  Variable* weight_;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  // {norm(x + residual), x + residual}
+  std::pair<Variable, Variable> forward_residual(const Variable& x, const Variable& residual,
+                                                 const ForwardContext& ctx) const;
+
+ private:
+  Variable* weight_;
+  double eps_;
+};
+
+struct AttentionConfig {
+  int64_t hidden_size, num_heads, num_kv_heads, head_dim;
+  bool qkv_bias = false;  // Qwen2
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
+  double rms_norm_eps = 1e-6;
+  RopeParams rope;
+};
+
+class Attention : public Module {
+ public:
+  Attention(const AttentionConfig& config, int layer_index, Generator& gen, double init_std);
+  // x [B, T, hidden] -> [B, T, hidden]
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+
+ private:
+  AttentionConfig config_;
+  int layer_index_;
+  Linear *q_proj_, *k_proj_, *v_proj_, *o_proj_;
+  RMSNorm *q_norm_ = nullptr, *k_norm_ = nullptr;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(int64_t hidden_size, int64_t intermediate_size, Generator& gen, double init_std);
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
+
+ private:
+  Linear *gate_proj_, *up_proj_, *down_proj_;
+};
+
+class DecoderLayer : public Module {
+ public:
+  DecoderLayer(const AttentionConfig& attention, int64_t intermediate_size, int layer_index, Generator& gen,
+               double init_std);
+  // Pre-norm residual block: h = x + attn(norm1(x)); out = h + mlp(norm2(h)), with the second
+  // residual add fused into norm2.
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+
+ private:
+  RMSNorm *input_layernorm_, *post_attention_layernorm_;
+  Attention* self_attn_;
+  Mlp* mlp_;
+};
+
+}  // namespace microllm::nn

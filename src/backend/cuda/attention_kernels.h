@@ -1,0 +1,55 @@
+// The CUDA attention family (internal header): the resolved problem every path shares, and the host
+// launchers of the four paths that CudaBackend::attention / attention_backward choose between
+// (attention.cu): decode (few query rows, split keys), flash (bf16/f16 tensor cores, D 64/128, no mask)
+// and the reference (everything else, every dtype).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "microllm/backend/kernel_params.h"
+#include "microllm/core/tensor.h"
+
+namespace microllm::cuda_kernels::attention {
+
+// q [B, Hq, T, D], k and v [B, Hkv, S, D]: sizes and the visibility rule of every path.
+struct Problem {
+  int64_t batch, q_heads, kv_heads, q_len, kv_len, head_dim;
+  int64_t group;     // query heads per kv head: query head h reads kv head h / group
+  double scale;      // params.scale, or 1 / sqrt(D)
+  bool causal;
+  int64_t q_offset;  // query i sees keys j <= q_offset + i when causal
+};
+
+Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& params);
+
+// Multiprocessors of `device` (cached after the first call).
+int multiprocessor_count(int device);
+
+// ---- reference (attention_reference.cu): any dtype, layout, head dim and mask ----
+void reference_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                       const Tensor& out, const Tensor& lse, cudaStream_t stream);
+void reference_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
+                        const Tensor& grad_v, cudaStream_t stream);
+
+// ---- flash (attention_flash_fwd.cu, attention_flash_bwd.cu): bf16/f16, D 64 or 128, no mask ----
+bool flash_supported(const Problem& p, DType dtype, bool has_mask);
+void flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                   const Tensor& lse, cudaStream_t stream, int device);
+void flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
+                    const Tensor& grad_v, cudaStream_t stream, int device);
+
+// ---- decode (attention_decode.cu): T <= 4, bf16/f16/f32, D <= 256 a multiple of 8, mask allowed ----
+bool decode_supported(const Problem& p, DType dtype);
+void decode_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                    const Tensor& out, const Tensor& lse, cudaStream_t stream, int device);
+
+// A view of a [B, H, L, D] operand that the fast kernels read with 16-byte loads: unit stride along D,
+// 16-byte aligned start and outer strides a multiple of 16 bytes. `t` itself when it already is, else a
+// contiguous copy (made on the current stream).
+Tensor vector_ready(const Tensor& t);
+
+}  // namespace microllm::cuda_kernels::attention

@@ -1,0 +1,127 @@
+#include "microllm/nn/transformer.h"
+
+#include "microllm/autograd/functions.h"
+
+namespace microllm::nn {
+
+namespace ag = autograd;
+
+void TransformerConfig::validate() const {
+  auto positive = [](int64_t v, const char* field) {
+    MICROLLM_CHECK(v > 0, ValueError, "config", field, " must be > 0, got ", v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_layers, "num_hidden_layers");
+  positive(num_heads, "num_attention_heads");
+  positive(num_kv_heads, "num_key_value_heads");
+  MICROLLM_CHECK(num_heads % num_kv_heads == 0, ValueError, "config", "num_attention_heads (", num_heads,
+                 ") must be a multiple of num_key_value_heads (", num_kv_heads, ")");
+  MICROLLM_CHECK(head_dim > 0 || hidden_size % num_heads == 0, ValueError, "config", "hidden_size (", hidden_size,
+                 ") is not a multiple of num_attention_heads (", num_heads, ") and head_dim is not set");
+  MICROLLM_CHECK(resolved_head_dim() % 2 == 0, ValueError, "config", "head_dim must be even for RoPE, got ",
+                 resolved_head_dim());
+  MICROLLM_CHECK(rms_norm_eps > 0, ValueError, "config", "rms_norm_eps must be > 0, got ", rms_norm_eps);
+  MICROLLM_CHECK(rope.theta > 0, ValueError, "config", "rope_theta must be > 0, got ", rope.theta);
+}
+
+TransformerConfig TransformerConfig::preset(const std::string& name, int64_t vocab_size) {
+  TransformerConfig c;
+  c.vocab_size = vocab_size;
+  c.rope.theta = 10000;
+  c.max_position_embeddings = 2048;
+  if (name == "tiny") {  // ~1.0M parameters at a byte vocabulary
+    c.hidden_size = 128, c.num_layers = 5, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 384;
+  } else if (name == "model-s") {  // ~15M
+    c.hidden_size = 384, c.num_layers = 9, c.num_heads = 6, c.num_kv_heads = 2, c.intermediate_size = 1024;
+  } else if (name == "model-m") {  // ~50M
+    c.hidden_size = 640, c.num_layers = 12, c.num_heads = 10, c.num_kv_heads = 2, c.intermediate_size = 1792;
+  } else {
+    throw ValueError("config", str_cat("unknown preset '", name, "' (have tiny, model-s, model-m)"));
+  }
+  return c;
+}
+
+KvCache::KvCache(const TransformerConfig& config, int64_t batch, int64_t max_tokens, DType dtype, Device device)
+    : capacity_(max_tokens) {
+  const Shape shape{batch, config.num_kv_heads, max_tokens, config.resolved_head_dim()};
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    keys_.push_back(Tensor::empty(shape, dtype, device));
+    values_.push_back(Tensor::empty(shape, dtype, device));
+  }
+}
+
+std::pair<Tensor, Tensor> KvCache::append(int layer, const Tensor& k, const Tensor& v) {
+  MICROLLM_CHECK(layer >= 0 && layer < static_cast<int>(keys_.size()), IndexError, "kv_cache", "layer ", layer,
+                 " out of range");
+  const int64_t tokens = k.size(1);
+  MICROLLM_CHECK(length_ + tokens <= capacity_, ValueError, "kv_cache", "appending ", tokens, " tokens to ", length_,
+                 " exceeds the capacity of ", capacity_);
+  keys_[layer].narrow(2, length_, tokens).copy_(k.transpose(1, 2));
+  values_[layer].narrow(2, length_, tokens).copy_(v.transpose(1, 2));
+  return {keys_[layer].narrow(2, 0, length_ + tokens), values_[layer].narrow(2, 0, length_ + tokens)};
+}
+
+void KvCache::advance(int64_t tokens) { length_ += tokens; }
+
+size_t KvCache::bytes() const {
+  size_t total = 0;
+  for (const Tensor& t : keys_) total += 2 * t.nbytes();
+  return total;
+}
+
+namespace {
+// A plain container, so names nest as Hugging Face's do ("model.layers.3...").
+class Container : public Module {
+ public:
+  template <typename M>
+  M& add(const std::string& name, std::unique_ptr<M> module) {
+    return register_module(name, std::move(module));
+  }
+};
+}  // namespace
+
+TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed) : config_(config) {
+  config_.validate();
+  Generator gen(seed);
+  const double std = config_.initializer_range;
+  auto& model = register_module("model", std::make_unique<Container>());
+  embed_tokens_ = &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, gen, std));
+  auto& layers = model.add("layers", std::make_unique<Container>());
+  const AttentionConfig attention{config_.hidden_size, config_.num_heads,       config_.num_kv_heads,
+                                  config_.resolved_head_dim(), config_.attention_bias, config_.qk_norm,
+                                  config_.rms_norm_eps, config_.rope};
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    layers_.push_back(&layers.add(std::to_string(i), std::make_unique<DecoderLayer>(
+                                                         attention, config_.intermediate_size, static_cast<int>(i), gen, std)));
+  }
+  norm_ = &model.add("norm", std::make_unique<RMSNorm>(config_.hidden_size, config_.rms_norm_eps));
+  if (!config_.tie_word_embeddings) {
+    lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config_.hidden_size, config_.vocab_size, false, gen, std));
+  }
+}
+
+Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context) const {
+  MICROLLM_CHECK(ids.dim() == 2, ShapeError, "transformer", "ids must be [B, T], got ", ids.shape());
+  ForwardContext ctx = context;
+  const int64_t tokens = ids.size(1);
+  if (!ctx.positions.defined()) {
+    const int64_t start = ctx.cache ? ctx.cache->length() : 0;
+    ctx.positions = Tensor::arange(static_cast<double>(start), static_cast<double>(start + tokens), 1, DType::i64,
+                                   ids.device());
+  }
+  Variable h = embed_tokens_->forward(ids, ctx);
+  for (const DecoderLayer* layer : layers_) h = layer->forward(h, ctx);
+  h = norm_->forward(h, ctx);
+  if (ctx.cache) ctx.cache->advance(tokens);
+  if (lm_head_) return lm_head_->forward(h, ctx);
+  return ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied head
+}
+
+Variable TransformerLM::loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx) const {
+  const Variable logits = forward(ids, ctx);
+  return ag::cross_entropy(ag::reshape(logits, {-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+}  // namespace microllm::nn

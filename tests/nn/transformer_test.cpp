@@ -1,0 +1,135 @@
+// nn modules: Hugging Face parameter names, parameter counts, the loss of a fresh model, gradients
+// that reach every parameter (checked against finite differences in f64), mixed precision, and the
+// KV cache giving the same logits as one full forward.
+#include "microllm/nn/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "microllm/autograd/functions.h"
+#include "microllm/ops/ops.h"
+#include "test_support.h"
+
+namespace microllm::nn {
+namespace {
+
+TransformerConfig small_config(bool qwen3_style) {
+  TransformerConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = qwen3_style ? 6 : 0;  // explicit head_dim different from hidden / heads
+  c.qk_norm = qwen3_style;
+  c.attention_bias = !qwen3_style;
+  c.tie_word_embeddings = !qwen3_style;
+  c.rope.theta = 1000;
+  c.initializer_range = 0.3;
+  return c;
+}
+
+Tensor random_ids(int64_t batch, int64_t tokens, int64_t vocab, uint64_t seed) {
+  return testing::random_tensor({batch, tokens}, DType::i64, Device::cpu(), 0, static_cast<double>(vocab), seed);
+}
+
+TEST(Transformer, HuggingFaceNamesAndCounts) {
+  TransformerLM qwen2(small_config(false), 1);
+  std::vector<std::string> names;
+  for (const auto& p : qwen2.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names.front(), "model.embed_tokens.weight");
+  EXPECT_NE(std::find(names.begin(), names.end(), "model.layers.1.self_attn.q_proj.bias"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "model.layers.0.mlp.down_proj.weight"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "model.norm.weight"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "lm_head.weight"), names.end());  // tied
+  TransformerLM qwen3(small_config(true), 1);
+  EXPECT_NE(qwen3.find_parameter("model.layers.0.self_attn.q_norm.weight"), nullptr);
+  EXPECT_NE(qwen3.find_parameter("lm_head.weight"), nullptr);
+  EXPECT_EQ(qwen3.find_parameter("model.layers.0.self_attn.q_proj.weight")->shape(), (Shape{4 * 6, 8}));
+  // Presets land near their advertised sizes at a byte vocabulary.
+  EXPECT_NEAR(TransformerLM(TransformerConfig::preset("tiny", 256), 0).num_parameters() / 1e6, 1.0, 0.1);
+  EXPECT_THROW(TransformerConfig::preset("huge", 256), ValueError);
+}
+
+TEST(Transformer, FreshModelPredictsNearUniformAndEveryParameterGetsAGradient) {
+  TransformerConfig c = TransformerConfig::preset("tiny", 256);
+  TransformerLM model(c, 3);
+  const Tensor ids = random_ids(2, 16, 256, 5), targets = random_ids(2, 16, 256, 6);
+  ForwardContext ctx;
+  const autograd::Variable loss = model.loss(ids, targets, ctx);
+  EXPECT_NEAR(loss.value().item<double>(), std::log(256.0), 0.05);
+  loss.backward();
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(p.variable->grad().defined()) << p.name << " got no gradient";
+    EXPECT_GT(microllm::sum(microllm::square(p.variable->grad())).item<double>(), 0) << p.name;
+  }
+}
+
+// Finite differences on a handful of elements of every parameter, in f64.
+void expect_model_gradients_match(bool qwen3_style) {
+  TransformerLM model(small_config(qwen3_style), 7);
+  model.to(DType::f64);
+  ForwardContext ctx;
+  ctx.compute_dtype = DType::f64;
+  const Tensor ids = random_ids(2, 5, 11, 8);
+  Tensor targets = random_ids(2, 5, 11, 9);
+  targets.data<int64_t>()[3] = -100;
+  model.loss(ids, targets, ctx).backward();
+  const double eps = 1e-6;
+  for (const auto& p : model.named_parameters()) {
+    Tensor& value = const_cast<Tensor&>(p.variable->value());
+    const std::vector<double> analytic = p.variable->grad().to_vector<double>();
+    for (int64_t i : {int64_t{0}, value.numel() / 2, value.numel() - 1}) {
+      double* element = value.data<double>() + i;
+      const double saved = *element;
+      autograd::NoGradGuard no_grad;
+      *element = saved + eps;
+      const double plus = model.loss(ids, targets, ctx).value().item<double>();
+      *element = saved - eps;
+      const double minus = model.loss(ids, targets, ctx).value().item<double>();
+      *element = saved;
+      const double numeric = (plus - minus) / (2 * eps);
+      EXPECT_NEAR(analytic[static_cast<size_t>(i)], numeric, 1e-6 * (1 + std::abs(numeric))) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(Transformer, GradientsMatchFiniteDifferencesQwen2Style) { expect_model_gradients_match(false); }
+TEST(Transformer, GradientsMatchFiniteDifferencesQwen3Style) { expect_model_gradients_match(true); }
+
+TEST(Transformer, MixedPrecisionKeepsF32MastersAndF32Gradients) {
+  TransformerLM model(TransformerConfig::preset("tiny", 256), 3);
+  ForwardContext ctx;
+  ctx.compute_dtype = DType::bf16;
+  const Tensor ids = random_ids(2, 8, 256, 1), targets = random_ids(2, 8, 256, 2);
+  const autograd::Variable loss = model.loss(ids, targets, ctx);
+  EXPECT_NEAR(loss.value().item<double>(), std::log(256.0), 0.1);
+  loss.backward();
+  for (const auto& p : model.named_parameters()) {
+    EXPECT_EQ(p.variable->value().dtype(), DType::f32) << p.name;
+    EXPECT_EQ(p.variable->grad().dtype(), DType::f32) << p.name;
+  }
+}
+
+TEST(Transformer, KvCacheDecodingMatchesOneFullForward) {
+  for (bool qwen3_style : {false, true}) {
+    TransformerLM model(small_config(qwen3_style), 11);
+    const Tensor ids = random_ids(2, 9, 11, 12);
+    autograd::NoGradGuard no_grad;
+    ForwardContext full;
+    const Tensor expected = model.forward(ids, full).value();  // [2, 9, 11]
+    KvCache cache(model.config(), 2, 16, DType::f32, Device::cpu());
+    ForwardContext step;
+    step.cache = &cache;
+    // A prompt of 5 tokens, then 4 single-token steps.
+    std::vector<Tensor> pieces{model.forward(ids.narrow(1, 0, 5).contiguous(), step).value()};
+    for (int64_t t = 5; t < 9; ++t) pieces.push_back(model.forward(ids.narrow(1, t, 1).contiguous(), step).value());
+    EXPECT_EQ(cache.length(), 9);
+    EXPECT_LE(testing::relative_error(concat(pieces, 1), expected), 1e-5) << (qwen3_style ? "qwen3" : "qwen2");
+  }
+}
+
+}  // namespace
+}  // namespace microllm::nn
