@@ -7,6 +7,7 @@ packages=(
   libopenblas-dev          # CPU matmul (cblas)
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   libcli11-dev nlohmann-json3-dev              # the microllm command, JSON files
+  libpcre2-dev libutf8proc-dev                # tokenizer: pre-tokenizer regexes, Unicode normalization
 )
 
 missing=()

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   microllm::app::register_info(app);
   microllm::app::register_demo(app);
+  microllm::app::register_tokenize(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {

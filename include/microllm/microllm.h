@@ -12,4 +12,6 @@
 #include "microllm/core/threads.h"
 #include "microllm/core/cuda.h"
 #include "microllm/ops/ops.h"
+#include "microllm/tokenizer/chat_template.h"
+#include "microllm/tokenizer/tokenizer.h"
 #include "microllm/version.h"

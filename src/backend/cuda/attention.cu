@@ -1,9 +1,115 @@
-// PLACEHOLDER (being written): CUDA attention kernels.
+// CUDA attention: the dispatcher. Each call takes the first path that supports it:
+//   forward:  decode (T <= 4: split keys, attention_decode.cu)
+//          -> flash (bf16/f16, D 64/128, no mask: tensor cores, attention_flash_fwd.cu)
+//          -> reference (any dtype, D, mask, layout: attention_reference.cu)
+//   backward: flash (same conditions, attention_flash_bwd.cu) -> reference.
+// The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
+// when a view has no unit stride along D. MICROLLM_CUDA_ATTENTION=reference in the environment forces the
+// reference path everywhere (for checking the fast paths against it).
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "attention_kernels.h"
+#include "common.cuh"
 #include "cuda_backend.h"
+#include "op_scope.h"
 
 namespace microllm {
+namespace cuda_kernels::attention {
 
-void CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&) { throw NotSupportedError("attention", "attention has no CUDA kernel yet"); }
-void CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { throw NotSupportedError("attention_backward", "attention_backward has no CUDA kernel yet"); }
+Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& params) {
+  Problem p{};
+  p.batch = q.size(0);
+  p.q_heads = q.size(1);
+  p.kv_heads = k.size(1);
+  p.q_len = q.size(2);
+  p.kv_len = k.size(2);
+  p.head_dim = q.size(3);
+  p.group = p.q_heads / std::max<int64_t>(p.kv_heads, 1);
+  p.scale = params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  p.causal = params.causal;
+  p.q_offset = params.q_offset;
+  return p;
+}
+
+int multiprocessor_count(int device) {
+  static std::array<std::atomic<int>, 64> cached{};
+  std::atomic<int>& slot = cached[static_cast<size_t>(device) & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    MICROLLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+Tensor vector_ready(const Tensor& t) {
+  const int64_t per16 = 16 / static_cast<int64_t>(t.element_size());
+  const auto aligned = [&](const Tensor& x) {
+    if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || x.stride(3) != 1) return false;
+    for (int d = 0; d < 3; ++d) {
+      if (x.size(d) > 1 && x.stride(d) % per16 != 0) return false;
+    }
+    return true;
+  };
+  if (t.numel() == 0 || aligned(t)) return t;
+  Tensor c = t.contiguous();
+  if (!aligned(c)) c = t.clone();  // contiguous() returns t itself when t is contiguous but misaligned
+  return c;
+}
+
+namespace {
+
+bool force_reference() {
+  static const bool forced = [] {
+    const char* env = std::getenv("MICROLLM_CUDA_ATTENTION");
+    return env != nullptr && std::strcmp(env, "reference") == 0;
+  }();
+  return forced;
+}
+
+}  // namespace
+}  // namespace cuda_kernels::attention
+
+using namespace cuda_kernels;
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                            const AttentionParams& params, const Tensor& out, const Tensor& lse) {
+  OpScope scope("attention", device_, detail::current_cuda_stream(device_));
+  if (out.numel() == 0) return;  // no query rows (or no batch / heads): nothing to write
+  Launch launch(out);
+  namespace at = cuda_kernels::attention;
+  const at::Problem p = at::make_problem(q, k, params);
+  if (!at::force_reference()) {
+    if (at::decode_supported(p, q.dtype())) {
+      at::decode_forward(p, q, k, v, mask, out, lse, launch.stream, launch.device);
+      return;
+    }
+    if (at::flash_supported(p, q.dtype(), mask.defined())) {
+      at::flash_forward(p, q, k, v, out, lse, launch.stream, launch.device);
+      return;
+    }
+  }
+  at::reference_forward(p, q, k, v, mask, out, lse, launch.stream);
+}
+
+void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                     const AttentionParams& params, const Tensor& out, const Tensor& lse,
+                                     const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
+                                     const Tensor& grad_v) {
+  OpScope scope("attention_backward", device_, detail::current_cuda_stream(device_));
+  if (grad_q.numel() == 0 && grad_k.numel() == 0) return;
+  Launch launch(grad_k.numel() > 0 ? grad_k : grad_q);
+  namespace at = cuda_kernels::attention;
+  const at::Problem p = at::make_problem(q, k, params);
+  if (!at::force_reference() && at::flash_supported(p, q.dtype(), mask.defined())) {
+    at::flash_backward(p, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, launch.stream, launch.device);
+    return;
+  }
+  at::reference_backward(p, q, k, v, mask, lse, grad_out, grad_q, grad_k, grad_v, launch.stream);
+}
 
 }  // namespace microllm

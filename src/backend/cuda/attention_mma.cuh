@@ -33,6 +33,15 @@ MICROLLM_HD constexpr int swizzle(int row, int chunk, int chunks_per_row) {
   return row * chunks_per_row + (chunk ^ (row & 7));
 }
 
+// Byte offset of the address a lane passes for the 16x16 block at rows row0.. (a multiple of 8) and chunk
+// pair kk (chunks 2kk, 2kk + 1), given `lane_off`, its byte offset for the block at (0, 0). Logical chunk
+// 2kk + c (c = 0 or 1) of row r is stored at (2kk + c) ^ (r % 8) = (c ^ (r % 8)) ^ 2kk: moving by chunk
+// pairs flips chunk bits only, which never overlap the row bits of the offset (rows are >= 8 chunks), and
+// whole rows add. So each operand pattern needs one per-lane register, not one address per k step.
+MICROLLM_HD constexpr uint32_t block_offset(uint32_t lane_off, int row0, int kk, int row_bytes) {
+  return (lane_off ^ (static_cast<uint32_t>(kk) * 32u)) + static_cast<uint32_t>(row0 * row_bytes);
+}
+
 // Row (relative to the 16x16 block) and chunk (0 or 1, relative to the block's first chunk) that `lane`
 // addresses when loading, with one ldmatrix.x4:
 // A operand of a 16x16 row-major block (rows = m, chunks = k): registers a0..a3.

@@ -205,8 +205,9 @@ bool find_algo(cublasLtHandle_t handle, Plan& plan, const PlanKey& key) {
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   MICROLLM_CUBLAS_CHECK(status);
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
   plan.algo = result.algo;
   return true;
 }

