@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   microllm::app::register_info(app);
   microllm::app::register_demo(app);
   microllm::app::register_tokenize(app);
+  microllm::app::register_prepare(app);
+  microllm::app::register_train(app);
+  microllm::app::register_generate(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {

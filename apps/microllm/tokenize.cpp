@@ -1,11 +1,10 @@
 // `microllm tokenize`: text to token ids and back, one JSON value per line.
 //   microllm tokenize --tokenizer models/Qwen3-0.6B --input texts.jsonl            # "text" -> [ids]
 //   microllm tokenize --tokenizer tokenizer.json --input ids.jsonl --decode        # [ids] -> "text"
-#include <nlohmann/json.hpp>
-
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,7 +48,8 @@ void run_tokenize(const TokenizeOptions& o) {
       if (!value.is_string()) throw ParseError("tokenize", str_cat(name, ":", line_number, ": expected a JSON string"));
       std::cout << nlohmann::json(tok.encode(value.get_ref<const std::string&>(), o.add_special_tokens)).dump() << "\n";
     } else {
-      if (!value.is_array()) throw ParseError("tokenize", str_cat(name, ":", line_number, ": expected a JSON array of ids"));
+      if (!value.is_array())
+        throw ParseError("tokenize", str_cat(name, ":", line_number, ": expected a JSON array of ids"));
       std::vector<int32_t> ids;
       for (const auto& id : value) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
@@ -66,10 +66,12 @@ void run_tokenize(const TokenizeOptions& o) {
 }  // namespace
 
 void register_tokenize(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("tokenize", "Encode JSON strings to token ids, or decode ids to text (JSON lines)");
+  CLI::App* cmd =
+      app.add_subcommand("tokenize", "Encode JSON strings to token ids, or decode ids to text (JSON lines)");
   auto o = std::make_shared<TokenizeOptions>();  // outlives this function: the callback runs after parsing
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "tokenizer.json, a model directory, or a directory with vocab.json + merges.txt")->required();
+                  "tokenizer.json, a model directory, or a directory with vocab.json + merges.txt")
+      ->required();
   cmd->add_option("--input", o->input, "JSON lines: strings to encode, or id arrays with --decode ('-': stdin)");
   cmd->add_flag("--decode", o->decode, "Decode: each line a JSON array of ids, printed as a JSON string");
   cmd->add_flag("--add-special-tokens", o->add_special_tokens, "Encode with the post-processor's special tokens");

@@ -14,6 +14,8 @@
 #if defined(__CUDACC__)
 #define MICROLLM_SHFL_XOR(value, lane_mask) __shfl_xor_sync(0xffffffffu, (value), (lane_mask))
 #define MICROLLM_SHFL(value, src_lane) __shfl_sync(0xffffffffu, (value), (src_lane))
+// The lanes of the active threads whose `value` equals this lane's (sm_70+; HIP needs a loop of ballots).
+#define MICROLLM_MATCH_ANY(value) __match_any_sync(__activemask(), (value))
 #elif defined(__HIPCC__)
 #define MICROLLM_SHFL_XOR(value, lane_mask) __shfl_xor((value), (lane_mask))
 #define MICROLLM_SHFL(value, src_lane) __shfl((value), (src_lane))

@@ -68,7 +68,8 @@ AddedVocabulary::AddedVocabulary(std::vector<AddedTokenInfo> tokens, const Norma
   }
   for (MatchingSet* set : {&raw_, &normalized_}) {
     for (auto& list : set->by_first_byte) {
-      std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+      std::stable_sort(list.begin(), list.end(),
+                       [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     }
   }
 }

@@ -46,14 +46,15 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
     const auto a_id = token_to_id(a);
     const auto b_id = token_to_id(b);
     if (!a_id || !b_id) {
-      throw ParseError("tokenizer", str_cat(merge_where(rank), " names '", a_id ? b : a,
-                                            "', which is not in the vocabulary"));
+      throw ParseError("tokenizer",
+                       str_cat(merge_where(rank), " names '", a_id ? b : a, "', which is not in the vocabulary"));
     }
     // The merged token drops the right part's continuing-subword prefix ("##").
     const std::string merged = a + (prefix_length > 0 && b.size() >= prefix_length ? b.substr(prefix_length) : b);
     const auto new_id = token_to_id(merged);
     if (!new_id) {
-      throw ParseError("tokenizer", str_cat(merge_where(rank), " makes '", merged, "', which is not in the vocabulary"));
+      throw ParseError("tokenizer",
+                       str_cat(merge_where(rank), " makes '", merged, "', which is not in the vocabulary"));
     }
     // A repeated pair keeps its last rank, as Hugging Face's HashMap collect does.
     merges_[pair_key(*a_id, *b_id)] = MergeValue{static_cast<int32_t>(rank), *new_id};
@@ -98,7 +99,8 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
   merge_word(word, out);
   if (cacheable) {
     std::unique_lock lock(cache_mutex_);
-    if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
+    if (cache_.size() < kCacheCapacity)
+      cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
   }
 }
 
@@ -112,7 +114,11 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     symbols.push_back({id, index - 1, -1, static_cast<uint32_t>(length)});
     if (index > 0) symbols[index - 1].next = index;
   };
-  std::optional<std::pair<int32_t, size_t>> pending_unk;
+  struct {
+    bool active = false;
+    int32_t id = 0;
+    size_t length = 0;
+  } pending_unk;  // an unknown token waiting to be fused with the next one
   size_t i = 0;
   std::string piece;
   while (i < word.size()) {
@@ -126,9 +132,9 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     i += length;
 
     if (const auto id = token_to_id(piece)) {
-      if (pending_unk) {
-        add(pending_unk->first, pending_unk->second);
-        pending_unk.reset();
+      if (pending_unk.active) {
+        add(pending_unk.id, pending_unk.length);
+        pending_unk.active = false;
       }
       add(*id, length);
       continue;
@@ -148,17 +154,19 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
       }
     }
     if (options_.unk_token) {
-      if (!unk_id_) throw ValueError("tokenizer", str_cat("the unknown token '", *options_.unk_token, "' is not in the vocabulary"));
-      if (pending_unk && options_.fuse_unk) {
-        pending_unk->second += length;
+      if (!unk_id_)
+        throw ValueError("tokenizer",
+                         str_cat("the unknown token '", *options_.unk_token, "' is not in the vocabulary"));
+      if (pending_unk.active && options_.fuse_unk) {
+        pending_unk.length += length;
       } else {
-        if (pending_unk) add(pending_unk->first, pending_unk->second);
-        pending_unk = std::make_pair(*unk_id_, length);
+        if (pending_unk.active) add(pending_unk.id, pending_unk.length);
+        pending_unk = {true, *unk_id_, length};
       }
     }
     // Without an unknown token the character is dropped, as in Hugging Face.
   }
-  if (pending_unk) add(pending_unk->first, pending_unk->second);
+  if (pending_unk.active) add(pending_unk.id, pending_unk.length);
 
   // 2. Merge the best pair until none is left: a queue of candidates, stale entries skipped on pop.
   std::priority_queue<Candidate> queue;

@@ -3,7 +3,6 @@
 // source with whitespace and "\n" escapes removed, so a reformatted copy of a template is still recognised.
 #include "microllm/tokenizer/chat_template.h"
 
-
 #include "microllm/core/error.h"
 #include "tokenizer/unicode.h"
 
@@ -131,7 +130,8 @@ constexpr std::string_view kLlama3Fragments[] = {
 };
 constexpr std::string_view kLlama3ConditionalPrompt =
     R"({% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})";
-constexpr std::string_view kLlama3AlwaysPrompt = R"({% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }})";
+constexpr std::string_view kLlama3AlwaysPrompt =
+    R"({% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }})";
 
 constexpr std::string_view kDeepSeekCommonFragments[] = {
     R"({{bos_token}}{{ns.system_prompt}})",
@@ -173,11 +173,14 @@ void qwen_tool(std::string& out, std::span<const ChatMessage> m, size_t i) {
   if (i + 1 == m.size() || m[i + 1].role != "tool") out += "<|im_end|>\n";
 }
 
-std::string render_qwen2_5(std::span<const ChatMessage> m, const ChatOptions& options, const std::string& default_system) {
+std::string render_qwen2_5(std::span<const ChatMessage> m, const ChatOptions& options,
+                           const std::string& default_system) {
   check_not_empty(m, ChatFamily::qwen2_5);
   std::string out;
-  if (m[0].role == "system") out += "<|im_start|>system\n" + m[0].content + "<|im_end|>\n";
-  else out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
+  if (m[0].role == "system")
+    out += "<|im_start|>system\n" + m[0].content + "<|im_end|>\n";
+  else
+    out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
   for (size_t i = 0; i < m.size(); ++i) {
     const std::string& role = m[i].role;
     if (role == "user" || (role == "system" && i != 0) || role == "assistant") {
@@ -218,7 +221,8 @@ std::string render_qwen3(std::span<const ChatMessage> m, const ChatOptions& opti
         reasoning = lstrip(after_last(rstrip(before_first(msg.content, "</think>"), "\n"), "<think>"), "\n");
       }
       if (i > last_query && (last || !reasoning.empty())) {
-        out += "<|im_start|>" + msg.role + "\n<think>\n" + strip(reasoning, "\n") + "\n</think>\n\n" + lstrip(content, "\n");
+        out += "<|im_start|>" + msg.role + "\n<think>\n" + strip(reasoning, "\n") + "\n</think>\n\n" +
+               lstrip(content, "\n");
       } else {
         out += "<|im_start|>" + msg.role + "\n" + content;
       }
@@ -234,13 +238,16 @@ std::string render_qwen3(std::span<const ChatMessage> m, const ChatOptions& opti
   return out;
 }
 
-std::string render_deepseek(std::span<const ChatMessage> m, const ChatOptions& options, const std::string& bos, bool r1) {
+std::string render_deepseek(std::span<const ChatMessage> m, const ChatOptions& options, const std::string& bos,
+                            bool r1) {
   std::string system;
   bool first_system = true;
   for (const ChatMessage& msg : m) {
     if (msg.role != "system") continue;
-    if (r1) system = msg.content;  // R1 keeps the last system message
-    else system += (first_system ? "" : "\n\n") + msg.content;
+    if (r1)
+      system = msg.content;  // R1 keeps the last system message
+    else
+      system += (first_system ? "" : "\n\n") + msg.content;
     first_system = false;
   }
   std::string out = bos + system;
@@ -254,7 +261,8 @@ std::string render_deepseek(std::span<const ChatMessage> m, const ChatOptions& o
         out += "<｜tool▁outputs▁end｜>" + msg.content + "<｜end▁of▁sentence｜>";
         is_tool = false;
       } else {
-        const std::string content = r1 && contains(msg.content, "</think>") ? after_last(msg.content, "</think>") : msg.content;
+        const std::string content =
+            r1 && contains(msg.content, "</think>") ? after_last(msg.content, "</think>") : msg.content;
         out += "<｜Assistant｜>" + content + "<｜end▁of▁sentence｜>";
       }
     } else if (msg.role == "tool") {
@@ -272,7 +280,8 @@ std::string render_deepseek(std::span<const ChatMessage> m, const ChatOptions& o
   return out;
 }
 
-std::string render_llama3(std::span<const ChatMessage> m, const ChatOptions& options, const std::string& bos, bool always_prompt) {
+std::string render_llama3(std::span<const ChatMessage> m, const ChatOptions& options, const std::string& bos,
+                          bool always_prompt) {
   std::string out;
   for (size_t i = 0; i < m.size(); ++i) {
     if (i == 0) out += bos;
@@ -303,7 +312,8 @@ ChatTemplate ChatTemplate::builtin(ChatFamily family, std::string bos_token, std
 
 ChatTemplate ChatTemplate::from_source(std::string_view jinja_source, std::string bos_token, std::string eos_token) {
   const Squeezed s = squeeze(jinja_source);
-  if (has_all(s.text, kQwen3Fragments)) return ChatTemplate(ChatFamily::qwen3, std::move(bos_token), std::move(eos_token));
+  if (has_all(s.text, kQwen3Fragments))
+    return ChatTemplate(ChatFamily::qwen3, std::move(bos_token), std::move(eos_token));
   if (has_all(s.text, kQwen25Fragments)) {
     const std::string prefix = squeeze_text(kQwen25SystemPrefix);
     const size_t at = s.text.find(prefix);
@@ -321,8 +331,10 @@ ChatTemplate ChatTemplate::from_source(std::string_view jinja_source, std::strin
     }
   }
   if (has_all(s.text, kDeepSeekCommonFragments)) {
-    if (has_all(s.text, kDeepSeekR1Fragments)) return ChatTemplate(ChatFamily::deepseek_r1, std::move(bos_token), std::move(eos_token));
-    if (has_all(s.text, kDeepSeekV3Fragments)) return ChatTemplate(ChatFamily::deepseek_v3, std::move(bos_token), std::move(eos_token));
+    if (has_all(s.text, kDeepSeekR1Fragments))
+      return ChatTemplate(ChatFamily::deepseek_r1, std::move(bos_token), std::move(eos_token));
+    if (has_all(s.text, kDeepSeekV3Fragments))
+      return ChatTemplate(ChatFamily::deepseek_v3, std::move(bos_token), std::move(eos_token));
   }
   if (has_all(s.text, kLlama3Fragments)) {
     ChatTemplate t(ChatFamily::llama3, std::move(bos_token), std::move(eos_token));
@@ -336,8 +348,9 @@ ChatTemplate ChatTemplate::from_source(std::string_view jinja_source, std::strin
   for (char& c : start) {
     if (c == '\n') c = ' ';
   }
-  throw NotSupportedError("chat_template", str_cat("unknown chat template (it starts \"", start,
-                                                   "...\"); known families: qwen2.5, qwen3, deepseek-r1, deepseek-v3, llama3"));
+  throw NotSupportedError("chat_template",
+                          str_cat("unknown chat template (it starts \"", start,
+                                  "...\"); known families: qwen2.5, qwen3, deepseek-r1, deepseek-v3, llama3"));
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatOptions& options) const {

@@ -3,29 +3,33 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <sstream>
 
 namespace microllm::tokenizer_detail {
 
 Json parse_json(std::string_view text, const std::string& file) {
   try {
     return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    // nlohmann's message already says "at line L, column C"; keep only its explanation.
+  } catch (const Json::exception& e) {
+    // A syntax error (parse_error, with its byte offset) or a number too large (out_of_range).
     std::string what = e.what();
-    const size_t colon = what.find(": ");
-    if (what.rfind("[json.exception", 0) == 0 && colon != std::string::npos) what = what.substr(colon + 2);
-    throw ParseError("tokenizer", str_cat(file, ": malformed JSON at byte ", e.byte, ": ", what));
+    if (what.rfind("[json.exception", 0) == 0 && what.find("] ") != std::string::npos)
+      what = what.substr(what.find("] ") + 2);
+    const auto* syntax = dynamic_cast<const Json::parse_error*>(&e);
+    throw ParseError("tokenizer", syntax != nullptr
+                                      ? str_cat(file, ": malformed JSON at byte ", syntax->byte, ": ", what)
+                                      : str_cat(file, ": malformed JSON: ", what));
   }
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw IoError("tokenizer", str_cat(path, ": cannot open the file"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw IoError("tokenizer", str_cat(path, ": read failed"));
-  return std::move(buffer).str();
+  const std::streamoff size = in.tellg();
+  if (size < 0) throw IoError("tokenizer", str_cat(path, ": cannot read the file"));
+  std::string text(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), size)) throw IoError("tokenizer", str_cat(path, ": read failed"));
+  return text;
 }
 
 Json read_json_file(const std::string& path) { return parse_json(read_text_file(path), path); }

@@ -2,9 +2,8 @@
 // both: `[tokenizer] /m/tokenizer.json: model.merges[12] is not a string or a pair`.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

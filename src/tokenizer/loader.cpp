@@ -62,11 +62,12 @@ std::optional<std::string> optional_string_or_null(const JsonView& json, std::st
 std::unique_ptr<BpeModel> parse_bpe_model(const JsonView& model) {
   model.expect_object();
   if (const auto type = model.find("type"); type && type->as_string() != "BPE") {
-    throw NotSupportedError("tokenizer", str_cat(type->where(), ": the model '", type->as_string(),
-                                                 "' is not supported (only BPE)"));
+    throw NotSupportedError(
+        "tokenizer", str_cat(type->where(), ": the model '", type->as_string(), "' is not supported (only BPE)"));
   }
   if (const auto dropout = model.find("dropout")) {
-    if (!dropout->json().is_number()) dropout->fail(str_cat("is not a number (it is ", json_type_name(dropout->json()), ")"));
+    if (!dropout->json().is_number())
+      dropout->fail(str_cat("is not a number (it is ", json_type_name(dropout->json()), ")"));
     if (dropout->json().get<double>() > 0) {
       throw NotSupportedError("tokenizer", str_cat(dropout->where(), ": BPE dropout (random merges) is not supported"));
     }
@@ -167,7 +168,6 @@ void apply_config(TokenizerImpl& impl, const Config& config, const fs::path& dir
   impl.chat_template = config_chat_template(c);
   const fs::path jinja = dir / "chat_template.jinja";  // newer transformers save the template beside the config
   if (fs::is_regular_file(jinja)) impl.chat_template = read_text_file(jinja.string());
-  impl.clean_up_tokenization_spaces = c.bool_or("clean_up_tokenization_spaces", false);
 
   // LlamaTokenizerFast rebuilds the post-processor from add_bos_token (default true) / add_eos_token.
   const std::string tokenizer_class = c.optional_string("tokenizer_class").value_or("");
@@ -182,7 +182,8 @@ void apply_config(TokenizerImpl& impl, const Config& config, const fs::path& dir
       }
       return id;
     };
-    impl.post_processor = make_bos_eos_processor(id_for(add_bos, impl.bos_token, "bos"), id_for(add_eos, impl.eos_token, "eos"));
+    impl.post_processor =
+        make_bos_eos_processor(id_for(add_bos, impl.bos_token, "bos"), id_for(add_eos, impl.eos_token, "eos"));
   }
 }
 
@@ -201,7 +202,8 @@ std::vector<std::pair<std::string, std::string>> read_merges_file(const std::str
     const size_t space = line.find(' ');
     if (space == 0 || space == std::string_view::npos || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos) {
-      throw ParseError("tokenizer", str_cat(path, ":", line_number, ": '", line, "' is not two tokens separated by one space"));
+      throw ParseError("tokenizer",
+                       str_cat(path, ":", line_number, ": '", line, "' is not two tokens separated by one space"));
     }
     merges.emplace_back(std::string(line.substr(0, space)), std::string(line.substr(space + 1)));
   }
@@ -261,9 +263,12 @@ std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> t
       continue;
     }
     int64_t id = 0;
-    if (const auto in_model = model.token_to_id(t.content)) id = *in_model;
-    else if (max_id < 0) id = vocab_size;
-    else id = (max_id >= vocab_size || vocab_size == 0) ? max_id + 1 : vocab_size;
+    if (const auto in_model = model.token_to_id(t.content))
+      id = *in_model;
+    else if (max_id < 0)
+      id = vocab_size;
+    else
+      id = (max_id >= vocab_size || vocab_size == 0) ? max_id + 1 : vocab_size;
     if (id > INT32_MAX) throw ParseError("tokenizer", "too many added tokens");
     t.id = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
@@ -309,7 +314,8 @@ std::shared_ptr<TokenizerImpl> load_tokenizer(const std::string& path) {
     const std::string file = (p / "tokenizer.json").string();
     impl = parse_tokenizer_json(read_text_file(file), file);
   } else {
-    for (const auto& [vocab, merges] : {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
+    for (const auto& [vocab, merges] :
+         {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
       if (fs::is_regular_file(p / vocab) && fs::is_regular_file(p / merges)) {
         impl = build_from_bpe_files((p / vocab).string(), (p / merges).string(), config ? &*config : nullptr);
         break;
@@ -317,7 +323,8 @@ std::shared_ptr<TokenizerImpl> load_tokenizer(const std::string& path) {
     }
   }
   if (!impl) {
-    throw IoError("tokenizer", str_cat(path, ": has no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe"));
+    throw IoError("tokenizer",
+                  str_cat(path, ": has no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe"));
   }
   impl->source = path;
   if (config) apply_config(*impl, *config, p);

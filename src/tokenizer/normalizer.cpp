@@ -112,7 +112,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const JsonView& json, int depth) {
   if (type == "NFKC") return std::make_unique<UnicodeForm>(NormalForm::nfkc);
   if (type == "NFKD") return std::make_unique<UnicodeForm>(NormalForm::nfkd);
   if (type == "Lowercase") return std::make_unique<Lowercase>();
-  if (type == "Strip") return std::make_unique<Strip>(json.bool_or("strip_left", true), json.bool_or("strip_right", true));
+  if (type == "Strip")
+    return std::make_unique<Strip>(json.bool_or("strip_left", true), json.bool_or("strip_right", true));
   if (type == "Prepend") return std::make_unique<Prepend>(json.at("prepend").as_string());
   if (type == "Replace") {
     const JsonView pattern = json.at("pattern");

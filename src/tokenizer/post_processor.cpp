@@ -22,8 +22,10 @@ class Template final : public PostProcessor {
     std::vector<int32_t> out;
     out.reserve(ids.size() + pieces_.size());
     for (const Piece& p : pieces_) {
-      if (p.is_sequence) out.insert(out.end(), ids.begin(), ids.end());
-      else out.insert(out.end(), p.ids.begin(), p.ids.end());
+      if (p.is_sequence)
+        out.insert(out.end(), ids.begin(), ids.end());
+      else
+        out.insert(out.end(), p.ids.begin(), p.ids.end());
     }
     ids = std::move(out);
   }
@@ -138,7 +140,8 @@ std::unique_ptr<PostProcessor> parse_post_processor(const JsonView& json, int de
     for (size_t i = 0; i < list.size(); ++i) parts.push_back(parse_post_processor(list.element(i), depth + 1));
     return std::make_unique<Sequence>(std::move(parts));
   }
-  throw NotSupportedError("tokenizer", str_cat(json.where(), ".type: the post-processor '", type, "' is not supported"));
+  throw NotSupportedError("tokenizer",
+                          str_cat(json.where(), ".type: the post-processor '", type, "' is not supported"));
 }
 
 }  // namespace microllm::tokenizer_detail

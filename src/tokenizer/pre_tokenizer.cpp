@@ -35,8 +35,10 @@ std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& match
     case Behavior::merged_with_previous: {
       bool previous_match = false;
       for (const auto& [span, is_match] : matches) {
-        if (is_match && !previous_match && !out.empty()) out.back().second = span.second;
-        else out.push_back(span);
+        if (is_match && !previous_match && !out.empty())
+          out.back().second = span.second;
+        else
+          out.push_back(span);
         previous_match = is_match;
       }
       break;
@@ -44,8 +46,10 @@ std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& match
     case Behavior::merged_with_next: {
       bool previous_match = false;
       for (auto it = matches.rbegin(); it != matches.rend(); ++it) {
-        if (it->second && !previous_match && !out.empty()) out.back().first = it->first.first;
-        else out.push_back(it->first);
+        if (it->second && !previous_match && !out.empty())
+          out.back().first = it->first.first;
+        else
+          out.push_back(it->first);
         previous_match = it->second;
       }
       std::reverse(out.begin(), out.end());
@@ -54,8 +58,10 @@ std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& match
     case Behavior::contiguous: {
       bool previous_match = false;
       for (const auto& [span, is_match] : matches) {
-        if (is_match == previous_match && !out.empty()) out.back().second = span.second;
-        else out.push_back(span);
+        if (is_match == previous_match && !out.empty())
+          out.back().second = span.second;
+        else
+          out.push_back(span);
         previous_match = is_match;
       }
       break;
@@ -137,7 +143,7 @@ class ByteLevel final : public PreTokenizer {
   void pre_tokenize(std::vector<std::string>& pieces) const override {
     if (add_prefix_space_) {
       for (std::string& p : pieces) {
-        if (p.empty() || p[0] != ' ') p.insert(0, " ");
+        if (p.empty() || p[0] != ' ') p = " " + p;
       }
     }
     if (regex_) {

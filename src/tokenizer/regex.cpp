@@ -72,19 +72,31 @@ std::string translate_oniguruma_pattern(std::string_view p) {
       }
       i += 2;
       if (in_class) {
-        if (e == 's') out += kSpace;
-        else if (e == 'S') out += kNotSpace;
-        else if (e == 'w') out += kWord;
-        else if (e == 'h') out += kHex;
-        else (out += '\\') += e;
+        if (e == 's')
+          out += kSpace;
+        else if (e == 'S')
+          out += kNotSpace;
+        else if (e == 'w')
+          out += kWord;
+        else if (e == 'h')
+          out += kHex;
+        else
+          (out += '\\') += e;
       } else {
-        if (e == 's') out += kSpace;
-        else if (e == 'S') out += kNotSpace;
-        else if (e == 'w') ((out += '[') += kWord) += ']';
-        else if (e == 'W') ((out += "[^") += kWord) += ']';
-        else if (e == 'h') ((out += '[') += kHex) += ']';
-        else if (e == 'H') ((out += "[^") += kHex) += ']';
-        else (out += '\\') += e;
+        if (e == 's')
+          out += kSpace;
+        else if (e == 'S')
+          out += kNotSpace;
+        else if (e == 'w')
+          ((out += '[') += kWord) += ']';
+        else if (e == 'W')
+          ((out += "[^") += kWord) += ']';
+        else if (e == 'h')
+          ((out += '[') += kHex) += ']';
+        else if (e == 'H')
+          ((out += "[^") += kHex) += ']';
+        else
+          (out += '\\') += e;
       }
       continue;
     }
@@ -127,8 +139,8 @@ Regex::Regex(std::string_view pattern) : pattern_(pattern), code_(std::make_uniq
   const std::string translated = translate_oniguruma_pattern(pattern);
   int error = 0;
   PCRE2_SIZE offset = 0;
-  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                              PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), PCRE2_UTF | PCRE2_UCP,
+                              &error, &offset, nullptr);
   if (code_->code == nullptr) {
     throw ValueError("tokenizer", str_cat("bad regex '", pattern_, "': ", pcre2_message(error), " at offset ", offset));
   }

@@ -56,26 +56,6 @@ void TokenizerImpl::append_token_bytes(int32_t id, bool skip_special_tokens, boo
   first = false;
 }
 
-std::string clean_up_tokenization(std::string text) {
-  static const std::pair<std::string_view, std::string_view> kReplacements[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : kReplacements) {  // each a Python str.replace, in this order
-    std::string out;
-    size_t pos = 0;
-    while (true) {
-      const size_t hit = text.find(from, pos);
-      if (hit == std::string::npos) break;
-      out.append(text, pos, hit - pos);
-      out += to;
-      pos = hit + from.size();
-    }
-    out.append(text, pos, std::string::npos);
-    text = std::move(out);
-  }
-  return text;
-}
-
 }  // namespace tokenizer_detail
 
 using tokenizer_detail::TokenizerImpl;
@@ -98,11 +78,12 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   std::string bytes;
   bool first = true;
   for (const int32_t id : ids) impl_->append_token_bytes(id, skip_special_tokens, first, bytes);
-  std::string text = tokenizer_detail::utf8_lossy(bytes);
-  return impl_->clean_up_tokenization_spaces ? tokenizer_detail::clean_up_tokenization(std::move(text)) : text;
+  return tokenizer_detail::utf8_lossy(bytes);
 }
 
-StreamDecoder Tokenizer::stream_decoder(bool skip_special_tokens) const { return StreamDecoder(impl_, skip_special_tokens); }
+StreamDecoder Tokenizer::stream_decoder(bool skip_special_tokens) const {
+  return StreamDecoder(impl_, skip_special_tokens);
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const { return impl_->token_to_id(token); }
 
@@ -146,7 +127,8 @@ std::optional<std::string> Tokenizer::chat_template_source() const { return impl
 
 ChatTemplate Tokenizer::chat_template() const {
   if (!impl_->chat_template) {
-    throw NotSupportedError("tokenizer", str_cat(impl_->source, ": no chat template (tokenizer_config.json has no chat_template)"));
+    throw NotSupportedError("tokenizer",
+                            str_cat(impl_->source, ": no chat template (tokenizer_config.json has no chat_template)"));
   }
   return ChatTemplate::from_source(*impl_->chat_template, impl_->bos_token.value_or(""), impl_->eos_token.value_or(""));
 }

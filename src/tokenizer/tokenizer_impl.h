@@ -31,7 +31,6 @@ struct TokenizerImpl {
   // From tokenizer_config.json (or the GPT-2 conventions).
   std::optional<std::string> bos_token, eos_token, pad_token;
   std::optional<std::string> chat_template;
-  bool clean_up_tokenization_spaces = false;  // transformers' decode-time clean-up
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
@@ -49,8 +48,5 @@ std::shared_ptr<TokenizerImpl> load_bpe_files(const std::string& vocab_path, con
 // Added tokens get ids as Hugging Face's AddedVocabulary::add_tokens gives them: the id of the same
 // content in the model's vocabulary, else the next free id after the model's.
 std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> tokens, const BpeModel& model);
-
-// transformers' clean_up_tokenization: " ." -> ".", " n't" -> "n't", ...
-std::string clean_up_tokenization(std::string text);
 
 }  // namespace microllm::tokenizer_detail

@@ -147,9 +147,9 @@ std::string unicode_normalize(std::string_view s, NormalForm form) {
     case NormalForm::nfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
   }
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                          static_cast<utf8proc_ssize_t>(s.size()), &result,
-                                          static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                   &result, static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owner(result, &std::free);
   if (n < 0) throw ValueError("tokenizer", str_cat("Unicode normalization failed: ", utf8proc_errmsg(n)));
   return std::string(reinterpret_cast<const char*>(result), static_cast<size_t>(n));

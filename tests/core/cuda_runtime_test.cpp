@@ -3,6 +3,7 @@
 // Every test here needs a GPU; without one they skip and say why.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "microllm/core/cuda.h"

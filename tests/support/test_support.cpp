@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "microllm/core/cuda.h"
+
 namespace microllm::testing {
 
 std::vector<Device> test_devices() {
@@ -45,6 +47,16 @@ Tensor non_contiguous(const Tensor& t) {
   Tensor view = buffer.slice(-1, 0, wide.back(), 2);
   view.copy_(t);
   return view;
+}
+
+std::string index_error_message(Device device, const std::function<void()>& call) {
+  try {
+    call();
+    if (device.is_cuda()) cuda::synchronize(device.index);
+  } catch (const IndexError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::vector<double> host_values(const Tensor& t) { return t.to_vector<double>(); }

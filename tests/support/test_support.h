@@ -51,6 +51,11 @@ using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&,
 void expect_gradients_match(const std::vector<Tensor>& inputs, const ForwardFn& forward, const BackwardFn& backward,
                             double eps = 1e-6, double tol = 1e-6);
 
+// Runs `call`, which gives an op bad indices on `device`, and returns the IndexError's message ("" if
+// none). The CPU throws at once; a CUDA kernel reports through the device error word, so the error
+// surfaces at the next synchronization, which this helper performs.
+std::string index_error_message(Device device, const std::function<void()>& call);
+
 // f64 host values of a tensor, and an index helper for row-major loops in reference code.
 std::vector<double> host_values(const Tensor& t);
 

@@ -13,5 +13,10 @@ for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench apps/m
   [ -f "$build/$program" ] && cp "$build/$program" .device/bin/
 done
 for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done
+# Libraries the GPU machine's image lacks (its Ubuntu has no utf8proc).
+cp -L /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 .device/lib/
 strip --strip-debug .device/bin/* .device/lib/*.so.* 2>/dev/null || true
+du -sh .device
+# The tokenizer files for the oracles, compressed (they are 30 MB as JSON).
+if [ -d data/tokenizers ]; then tar cJf .device/tokenizers.tar.xz -C data tokenizers; fi
 du -sh .device

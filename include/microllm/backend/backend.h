@@ -6,10 +6,29 @@
 // inputs' device). Inputs may be any strided view. Kernels write every element of every output.
 #pragma once
 
+#include <vector>
+
 #include "microllm/backend/kernel_params.h"
 #include "microllm/core/tensor.h"
 
 namespace microllm {
+
+// The per-step scalars of the optimizer kernels, computed on the host from the step count.
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double bias_correction1 = 1;  // 1 - beta1^step
+  double bias_correction2 = 1;  // 1 - beta2^step
+  int64_t step = 1;             // the 1-based step count; seeds the stochastic rounding of bf16 moments
+};
+
+struct SgdStep {
+  double lr = 1e-2;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer starts as the first (decayed) gradient, as in PyTorch
+  int64_t step = 1;         // the 1-based step count; seeds the stochastic rounding of bf16 buffers
+};
 
 class Backend {
  public:
@@ -93,6 +112,26 @@ class Backend {
   // grad_logits = grad_loss * (softmax(logits) - onehot(target)) / count for kept rows, 0 for ignored.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                       const Tensor& grad_loss, const Tensor& grad_logits) = 0;
+
+  // ---- optimizers (optim.*) ----
+  // Multi-tensor steps: lists with one entry per parameter, every tensor contiguous, entry i of each list
+  // of params[i]'s numel. params and grads are f32; moments f32 or bf16 (all moments of a call share a
+  // dtype). grad_scale is undefined (1) or an f32 one-element tensor on the device that multiplies every
+  // gradient (the clip factor): kernels read it on the device, so the host never waits for it.
+  // AdamW (decoupled decay): g = scale * grad; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+  // p = p (1 - lr wd_i) - (lr / bc1) m / (sqrt(v / bc2) + eps).
+  virtual void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                          const std::vector<double>& weight_decay, const Tensor& grad_scale,
+                          const AdamWStep& step) = 0;
+  // SGD (PyTorch's): d = scale * grad + wd_i p; buf = momentum buf + (1 - dampening) d (buf = d on the first
+  // step); d = nesterov ? d + momentum buf : buf; p -= lr d. momentum_buffer is empty when momentum is 0.
+  virtual void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        const std::vector<Tensor>& momentum_buffer, const std::vector<double>& weight_decay,
+                        const Tensor& grad_scale, const SgdStep& step) = 0;
+  // out (f32 [n]): out[i] = sum of tensors[i]^2 (f32 or bf16 inputs), summed in a fixed order, so every run
+  // gives the same bits (no atomics).
+  virtual void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) = 0;
 };
 
 // The backend of a device: the CPU reference, or CUDA when this build has it.

@@ -45,7 +45,8 @@ class ChatTemplate {
   // Recognises the family of a Jinja template (tokenizer_config.json's "chat_template"). `bos_token` and
   // `eos_token` are the strings the template receives (DeepSeek and Llama write bos_token).
   // Throws NotSupportedError for an unknown template.
-  static ChatTemplate from_source(std::string_view jinja_source, std::string bos_token = "", std::string eos_token = "");
+  static ChatTemplate from_source(std::string_view jinja_source, std::string bos_token = "",
+                                  std::string eos_token = "");
   // A family's official template without its source.
   static ChatTemplate builtin(ChatFamily family, std::string bos_token = "", std::string eos_token = "");
 
@@ -59,7 +60,8 @@ class ChatTemplate {
   static const char* family_name(ChatFamily family);
 
  private:
-  ChatTemplate(ChatFamily family, std::string bos, std::string eos) : family_(family), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  ChatTemplate(ChatFamily family, std::string bos, std::string eos)
+      : family_(family), bos_(std::move(bos)), eos_(std::move(eos)) {}
 
   ChatFamily family_;
   std::string bos_, eos_;

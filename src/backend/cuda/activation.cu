@@ -71,8 +71,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // outputs = fn(inputs) over the outputs' shape (all operands share it).
 template <typename T, int NIN, int NOUT, typename Fn>
-void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::array<const Tensor*, NIN>& inputs,
-                  Fn fn) {
+void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::array<const Tensor*, NIN>& inputs, Fn fn) {
   const int64_t n = outputs[0]->numel();
   if (n == 0) return;
   Launch launch(*outputs[0]);

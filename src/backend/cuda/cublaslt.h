@@ -11,15 +11,15 @@
 
 // Every cuBLASLt call goes through this: a failure throws BackendError naming the call, the status and
 // file:line.
-#define MICROLLM_CUBLAS_CHECK(expr)                                                                            \
-  do {                                                                                                         \
-    const cublasStatus_t microllm_cublas_status = (expr);                                                      \
-    if (microllm_cublas_status != CUBLAS_STATUS_SUCCESS) {                                                     \
-      throw ::microllm::BackendError(                                                                          \
-          "cublasLt", ::microllm::str_cat(#expr, " failed: ", cublasLtGetStatusName(microllm_cublas_status), " (", \
-                                          cublasLtGetStatusString(microllm_cublas_status), ") at ", __FILE__, ":", \
-                                          __LINE__));                                                          \
-    }                                                                                                          \
+#define MICROLLM_CUBLAS_CHECK(expr)                                                                                \
+  do {                                                                                                             \
+    const cublasStatus_t microllm_cublas_status = (expr);                                                          \
+    if (microllm_cublas_status != CUBLAS_STATUS_SUCCESS) {                                                         \
+      throw ::microllm::BackendError(                                                                              \
+          "cublasLt",                                                                                              \
+          ::microllm::str_cat(#expr, " failed: ", cublasLtGetStatusName(microllm_cublas_status), " (",             \
+                              cublasLtGetStatusString(microllm_cublas_status), ") at ", __FILE__, ":", __LINE__)); \
+    }                                                                                                              \
   } while (0)
 
 namespace microllm::cuda_kernels {

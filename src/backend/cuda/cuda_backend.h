@@ -55,6 +55,14 @@ class CudaBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;
 
+  void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                  const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) override;
+  void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& momentum_buffer, const std::vector<double>& weight_decay,
+                const Tensor& grad_scale, const SgdStep& step) override;
+  void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override;
+
  private:
   int device_;
 };

@@ -35,28 +35,32 @@ using rows::ceil_div;
 using rows::kPack;
 using rows::Pack;
 
-constexpr int kSortCap = 2048;       // entries a block sorts in shared memory (a power of two)
-constexpr int kSortThreads = 1024;   // threads of the sorting and selecting blocks
+constexpr int kSortCap = 2048;      // entries a block sorts in shared memory (a power of two)
+constexpr int kSortThreads = 1024;  // threads of the sorting and selecting blocks
 constexpr int64_t kSortScratchBytes = int64_t{256} << 20;
-constexpr int64_t kWindow = 32;      // embedding_backward: sorted entries per window
+constexpr int64_t kWindow = 32;  // embedding_backward: sorted entries per window
 constexpr unsigned kMaxBlocks = 1u << 20;
 
 // ---- order keys: key(a) > key(b) exactly when a comes before b in topk's order (equal values, and
 // every NaN, share a key) ----
 template <typename T>
-using key_t = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+using order_key_t = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
 template <typename T>
 constexpr int kKeyBits = 8 * static_cast<int>(sizeof(T));
 
+// Floats: sign-magnitude bits made monotone (negative: all bits flipped; positive: the sign bit set).
 __device__ __forceinline__ uint32_t order_key(float v) {
-  if (v != v) return 0xFFFFFFFFu;
-  const uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);  // -0 and +0 compare equal: one key
+  uint32_t b = __float_as_uint(v);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0xFFFFFFFFu;  // NaN
+  if ((b & 0x7FFFFFFFu) == 0) b = 0;                        // -0 and +0 compare equal: one key
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 __device__ __forceinline__ uint64_t order_key(double v) {
-  if (v != v) return ~0ull;
-  const uint64_t b = static_cast<uint64_t>(__double_as_longlong(v == 0.0 ? 0.0 : v));
-  return (b >> 63) ? ~b : (b | (1ull << 63));
+  constexpr uint64_t kSign = 1ull << 63;
+  uint64_t b = static_cast<uint64_t>(__double_as_longlong(v));
+  if ((b & ~kSign) > 0x7FF0000000000000ull) return ~0ull;
+  if ((b & ~kSign) == 0) b = 0;
+  return (b & kSign) ? ~b : (b | kSign);
 }
 // 16-bit floats: their bits (NaN: exponent all ones and a nonzero mantissa).
 __device__ __forceinline__ uint32_t order_key16(uint32_t b, uint32_t inf_bits) {
@@ -65,9 +69,7 @@ __device__ __forceinline__ uint32_t order_key16(uint32_t b, uint32_t inf_bits) {
   return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
 }
 __device__ __forceinline__ uint32_t order_key(__half v) { return order_key16(__half_as_ushort(v), 0x7C00u); }
-__device__ __forceinline__ uint32_t order_key(__nv_bfloat16 v) {
-  return order_key16(__bfloat16_as_ushort(v), 0x7F80u);
-}
+__device__ __forceinline__ uint32_t order_key(__nv_bfloat16 v) { return order_key16(__bfloat16_as_ushort(v), 0x7F80u); }
 __device__ __forceinline__ uint32_t order_key(int8_t v) { return static_cast<uint8_t>(v) ^ 0x80u; }
 __device__ __forceinline__ uint32_t order_key(uint8_t v) { return v; }
 __device__ __forceinline__ uint32_t order_key(int32_t v) { return static_cast<uint32_t>(v) ^ 0x80000000u; }
@@ -87,7 +89,7 @@ __device__ __forceinline__ int pow2_at_least(int n) {
 
 // The lanes of this warp, among those active, whose `value` equals this lane's (match.any). A HIP port
 // replaces this CUDA-only intrinsic (a ballot per bit of value).
-__device__ __forceinline__ unsigned warp_peers(unsigned value) { return __match_any_sync(__activemask(), value); }
+__device__ __forceinline__ unsigned warp_peers(unsigned value) { return MICROLLM_MATCH_ANY(value); }
 
 // Bitonic sort of keys/index[0, count) in shared memory into `before` order; [count, P) (P the power of
 // two >= count, P <= the arrays' capacity) is padded with entries that sort last (key 0, index
@@ -151,12 +153,12 @@ struct TopkArgs {
   const T* x;
   StridedMeta<1> rows;  // row r starts at x + offset(r)
   int64_t n_rows;
-  int n;                // row length
-  int64_t step;         // between a row's elements
+  int n;         // row length
+  int64_t step;  // between a row's elements
   int k;
-  int cap;              // shared-memory entries (a power of two <= kSortCap)
-  T* values;            // [n_rows, k]
-  int64_t* indices;     // [n_rows, k]
+  int cap;           // shared-memory entries (a power of two <= kSortCap)
+  T* values;         // [n_rows, k]
+  int64_t* indices;  // [n_rows, k]
 };
 
 // Warp 0: the digit d at which the candidates' counts, summed from the top bin down, reach `need`; the
@@ -193,7 +195,7 @@ __device__ void select_digit(const uint32_t* hist, int need, int* digit, int* ne
 
 template <typename T>
 __global__ void __launch_bounds__(kSortThreads) topk_select_kernel(TopkArgs<T> args) {
-  using K = key_t<T>;
+  using K = order_key_t<T>;
   extern __shared__ __align__(16) unsigned char topk_smem[];
   K* keys = reinterpret_cast<K*>(topk_smem);
   uint32_t* index = reinterpret_cast<uint32_t*>(keys + args.cap);
@@ -302,7 +304,7 @@ struct TopkLoader {
     rows.offsets(row0 + r, off);
     return x + off[0];
   }
-  __device__ void load(const T* row, int64_t i, key_t<T>& key, uint32_t& index) const {
+  __device__ void load(const T* row, int64_t i, order_key_t<T>& key, uint32_t& index) const {
     key = order_key(row[i * step]);
     index = static_cast<uint32_t>(i);
   }
@@ -310,9 +312,9 @@ struct TopkLoader {
 
 // Sorts each run of kSortCap entries of each of `rows` rows of n; keys_out/index_out are [rows, n].
 template <typename K, typename Loader>
-__global__ void __launch_bounds__(kSortThreads) sort_chunks_kernel(Loader loader, int64_t n_rows, int64_t n,
-                                                                   K* __restrict__ keys_out,
-                                                                   uint32_t* __restrict__ index_out) {
+__global__ void __launch_bounds__(kSortThreads)
+    sort_chunks_kernel(Loader loader, int64_t n_rows, int64_t n, K* __restrict__ keys_out,
+                       uint32_t* __restrict__ index_out) {
   __shared__ K keys[kSortCap];
   __shared__ uint32_t index[kSortCap];
   const int64_t chunks = (n + kSortCap - 1) / kSortCap;
@@ -334,8 +336,8 @@ __global__ void __launch_bounds__(kSortThreads) sort_chunks_kernel(Loader loader
 // its own run plus the number of entries of the other run that sort before it (a strict order: unique).
 template <typename K>
 __global__ void merge_runs_kernel(const K* __restrict__ keys_in, const uint32_t* __restrict__ index_in,
-                                  K* __restrict__ keys_out, uint32_t* __restrict__ index_out, int64_t n_rows,
-                                  int64_t n, int64_t width) {
+                                  K* __restrict__ keys_out, uint32_t* __restrict__ index_out, int64_t n_rows, int64_t n,
+                                  int64_t width) {
   MICROLLM_GRID_STRIDE_LOOP(e, n_rows * n) {
     const int64_t r = e / n, i = e % n;
     const K* kr = keys_in + r * n;
@@ -356,8 +358,10 @@ __global__ void merge_runs_kernel(const K* __restrict__ keys_in, const uint32_t*
     int64_t lo = 0, hi = other_len;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
-      if (before(kr[other + mid], ir[other + mid], key, id)) lo = mid + 1;
-      else hi = mid;
+      if (before(kr[other + mid], ir[other + mid], key, id))
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     keys_out[r * n + a0 + rank + lo] = key;
     index_out[r * n + a0 + rank + lo] = id;
@@ -370,12 +374,12 @@ template <typename K, typename Loader>
 std::pair<K*, uint32_t*> sort_rows(const Loader& loader, int64_t n_rows, int64_t n, K* keys_a, uint32_t* index_a,
                                    K* keys_b, uint32_t* index_b, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(n_rows * ceil_div(n, kSortCap), kMaxBlocks);
-  sort_chunks_kernel<K, Loader><<<static_cast<unsigned>(blocks), kSortThreads, 0, stream>>>(loader, n_rows, n, keys_a,
-                                                                                          index_a);
+  sort_chunks_kernel<K, Loader>
+      <<<static_cast<unsigned>(blocks), kSortThreads, 0, stream>>>(loader, n_rows, n, keys_a, index_a);
   MICROLLM_CUDA_CHECK_LAUNCH();
   for (int64_t width = kSortCap; width < n; width *= 2) {
-    merge_runs_kernel<K><<<grid_for(n_rows * n), kThreads, 0, stream>>>(keys_a, index_a, keys_b, index_b, n_rows, n,
-                                                                        width);
+    merge_runs_kernel<K>
+        <<<grid_for(n_rows * n), kThreads, 0, stream>>>(keys_a, index_a, keys_b, index_b, n_rows, n, width);
     MICROLLM_CUDA_CHECK_LAUNCH();
     std::swap(keys_a, keys_b);
     std::swap(index_a, index_b);
@@ -385,8 +389,8 @@ std::pair<K*, uint32_t*> sort_rows(const Loader& loader, int64_t n_rows, int64_t
 
 // The first k of each sorted row: values read back from x at the sorted indices.
 template <typename T>
-__global__ void topk_gather_kernel(TopkLoader<T> loader, const uint32_t* __restrict__ sorted, int64_t n_rows,
-                                   int64_t n, int64_t k, T* __restrict__ values, int64_t* __restrict__ indices) {
+__global__ void topk_gather_kernel(TopkLoader<T> loader, const uint32_t* __restrict__ sorted, int64_t n_rows, int64_t n,
+                                   int64_t k, T* __restrict__ values, int64_t* __restrict__ indices) {
   MICROLLM_GRID_STRIDE_LOOP(e, n_rows * k) {
     const int64_t r = e / k, j = e % k;
     const uint32_t i = sorted[r * n + j];
@@ -400,8 +404,8 @@ __global__ void topk_gather_kernel(TopkLoader<T> loader, const uint32_t* __restr
 // in order by one thread; lines touch disjoint parts of out.
 template <typename T>
 __global__ void scatter_add_kernel(const int64_t* __restrict__ index, const T* __restrict__ src, T* __restrict__ out,
-                                   StridedMeta<3> meta, int64_t lines, int64_t n_src, int64_t n_out,
-                                   int64_t index_step, int64_t src_step, int64_t out_step, uint64_t* error_word) {
+                                   StridedMeta<3> meta, int64_t lines, int64_t n_src, int64_t n_out, int64_t index_step,
+                                   int64_t src_step, int64_t out_step, uint64_t* error_word) {
   MICROLLM_GRID_STRIDE_LOOP(l, lines) {
     int64_t off[3];
     meta.offsets(l, off);
@@ -413,8 +417,10 @@ __global__ void scatter_add_kernel(const int64_t* __restrict__ index, const T* _
       }
       T* target = out + off[0] + id * out_step;
       const T v = src[off[1] + j * src_step];
-      if constexpr (std::is_integral_v<T>) *target = static_cast<T>(static_cast<int64_t>(*target) + static_cast<int64_t>(v));
-      else *target = from_acc<T>(to_acc(*target) + to_acc(v));
+      if constexpr (std::is_integral_v<T>)
+        *target = static_cast<T>(static_cast<int64_t>(*target) + static_cast<int64_t>(v));
+      else
+        *target = from_acc<T>(to_acc(*target) + to_acc(v));
     }
   }
 }
@@ -485,14 +491,14 @@ struct EmbeddingLoader {
 
 template <typename T>
 struct BackwardArgs {
-  const T* grad;             // [N, D]
+  const T* grad;               // [N, D]
   int64_t grad_row, grad_col;  // strides (grad_col is 1 on the vectorized path)
-  const uint32_t* keys;      // [N] sorted
-  const uint32_t* positions;  // [N] sorted
+  const uint32_t* keys;        // [N] sorted
+  const uint32_t* positions;   // [N] sorted
   int64_t n, vocab, dim;
-  T* grad_weight;            // [vocab, D] contiguous, zeroed
-  acc_t<T>* lead;            // [windows, D]: the sum of the run that starts a window and crosses into it
-  acc_t<T>* trail;           // [windows, D]: the sum of a window's last run that starts an id and goes on
+  T* grad_weight;   // [vocab, D] contiguous, zeroed
+  acc_t<T>* lead;   // [windows, D]: the sum of the run that starts a window and crosses into it
+  acc_t<T>* trail;  // [windows, D]: the sum of a window's last run that starts an id and goes on
 };
 
 template <typename T, int V>
@@ -599,7 +605,7 @@ using namespace cuda_kernels;
 void CudaBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) {
   OpScope scope("topk", device_, detail::current_cuda_stream(device_));
   visit_numeric(x.dtype(), "topk", [&]<typename T>() {
-    using K = key_t<T>;
+    using K = order_key_t<T>;
     if (k <= 0 || values.numel() == 0) return;
     const int64_t n = x.size(-1);
     const int64_t n_rows = values.numel() / k;
@@ -613,11 +619,11 @@ void CudaBackend::topk(const Tensor& x, int64_t k, const Tensor& values, const T
     if (k <= kSortCap) {
       const int cap = static_cast<int>(std::min<int64_t>(kSortCap, rows::next_pow2(n)));
       const int threads = n > cap ? kSortThreads : std::clamp(cap / 2, 32, kSortThreads);
-      const TopkArgs<T> args{src, meta, n_rows, static_cast<int>(n), x.stride(-1), static_cast<int>(k), cap,
-                             out_values, out_indices};
+      const TopkArgs<T> args{src, meta,       n_rows,     static_cast<int>(n), x.stride(-1), static_cast<int>(k),
+                             cap, out_values, out_indices};
       const size_t smem = static_cast<size_t>(cap) * (sizeof(K) + sizeof(uint32_t));
-      topk_select_kernel<T><<<static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxBlocks)), threads, smem,
-                              launch.stream>>>(args);
+      topk_select_kernel<T>
+          <<<static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxBlocks)), threads, smem, launch.stream>>>(args);
       MICROLLM_CUDA_CHECK_LAUNCH();
       return;
     }
@@ -648,8 +654,7 @@ void CudaBackend::scatter_add(const Tensor& index, const Tensor& src, int dim, c
     Launch launch(out);
     Shape line_shape = src.shape();
     line_shape[dim] = 1;
-    const StridedMeta<3> meta =
-        make_strided_meta<3>(line_shape, {out.strides(), src.strides(), index.strides()});
+    const StridedMeta<3> meta = make_strided_meta<3>(line_shape, {out.strides(), src.strides(), index.strides()});
     const int64_t lines = src.numel() / n_src;
     scatter_add_kernel<T><<<grid_for(lines), kThreads, 0, launch.stream>>>(
         static_cast<const int64_t*>(index.data_ptr()), static_cast<const T*>(src.data_ptr()),
@@ -671,9 +676,8 @@ void CudaBackend::embedding(const Tensor& weight, const Tensor& ids, const Tenso
     uint64_t* error_word = detail::cuda_error_word(device_);
     constexpr int kWarpsPerBlock = kThreads / 32;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(count, kWarpsPerBlock), kMaxBlocks));
-    const bool vectorized = (weight.stride(1) == 1 || dim == 1) && (weight.stride(0) * esize) % 16 == 0 &&
-                            (dim * esize) % 16 == 0 && rows::aligned16(weight.data_ptr()) &&
-                            rows::aligned16(out.data_ptr());
+    const bool vectorized = weight.stride(1) == 1 && (weight.stride(0) * esize) % 16 == 0 && (dim * esize) % 16 == 0 &&
+                            rows::aligned16(weight.data_ptr()) && rows::aligned16(out.data_ptr());
     auto run = [&]<typename U>(int64_t units_per_row, int64_t row_stride, int64_t unit_stride) {
       embedding_kernel<U, I><<<blocks, kThreads, 0, launch.stream>>>(
           static_cast<const U*>(weight.data_ptr()), row_stride, unit_stride, id_ptr, ids_meta, count, vocab,
@@ -703,14 +707,15 @@ void CudaBackend::embedding_backward(const Tensor& grad_out, const Tensor& ids, 
     zero_fill(grad_weight, launch.stream);
     const int64_t n = ids.numel(), vocab = grad_weight.size(0), dim = grad_weight.size(1);
     if (n == 0) return;
-    MICROLLM_CHECK(n < (int64_t{1} << 31) && vocab < (int64_t{1} << 31), NotSupportedError, "embedding_backward",
-                   n, " ids over a vocabulary of ", vocab, " are too many for the CUDA kernel");
+    MICROLLM_CHECK(n < (int64_t{1} << 31) && vocab < (int64_t{1} << 31), NotSupportedError, "embedding_backward", n,
+                   " ids over a vocabulary of ", vocab, " are too many for the CUDA kernel");
     rows::visit_index(ids.dtype(), "embedding_backward", [&]<typename I>() {
       const int64_t windows = ceil_div(n, kWindow);
       // Scratch: two (key, position) buffers for the sort, then the lead and trail partial sums.
       const int64_t sort_bytes = 4 * n * static_cast<int64_t>(sizeof(uint32_t));
       const int64_t partial_bytes = 2 * windows * dim * static_cast<int64_t>(sizeof(A));
-      const Tensor scratch = Tensor::empty({ceil_div(sort_bytes, 16) * 16 + partial_bytes}, DType::u8, grad_weight.device());
+      const Tensor scratch =
+          Tensor::empty({ceil_div(sort_bytes, 16) * 16 + partial_bytes}, DType::u8, grad_weight.device());
       auto* base = static_cast<unsigned char*>(scratch.data_ptr());
       auto* keys_a = reinterpret_cast<uint32_t*>(base);
       const EmbeddingLoader<I> loader{static_cast<const I*>(ids.data_ptr()), ids.stride(0), vocab,
@@ -718,14 +723,21 @@ void CudaBackend::embedding_backward(const Tensor& grad_out, const Tensor& ids, 
       const auto sorted =
           sort_rows<uint32_t>(loader, 1, n, keys_a, keys_a + n, keys_a + 2 * n, keys_a + 3 * n, launch.stream);
       auto* lead = reinterpret_cast<A*>(base + ceil_div(sort_bytes, 16) * 16);
-      const BackwardArgs<T> args{static_cast<const T*>(grad_out.data_ptr()), grad_out.stride(0), grad_out.stride(1),
-                                 sorted.first, sorted.second, n, vocab, dim,
-                                 static_cast<T*>(grad_weight.data_ptr()), lead, lead + windows * dim};
+      const BackwardArgs<T> args{static_cast<const T*>(grad_out.data_ptr()),
+                                 grad_out.stride(0),
+                                 grad_out.stride(1),
+                                 sorted.first,
+                                 sorted.second,
+                                 n,
+                                 vocab,
+                                 dim,
+                                 static_cast<T*>(grad_weight.data_ptr()),
+                                 lead,
+                                 lead + windows * dim};
       constexpr int V = kPack<T>;
       const auto esize = static_cast<int64_t>(sizeof(T));
-      const bool vectorized = (grad_out.stride(1) == 1 || dim == 1) && (grad_out.stride(0) * esize) % 16 == 0 &&
-                              dim % V == 0 && rows::aligned16(grad_out.data_ptr()) &&
-                              rows::aligned16(grad_weight.data_ptr());
+      const bool vectorized = grad_out.stride(1) == 1 && (grad_out.stride(0) * esize) % 16 == 0 && dim % V == 0 &&
+                              rows::aligned16(grad_out.data_ptr()) && rows::aligned16(grad_weight.data_ptr());
       auto run = [&]<int W>() {
         const int64_t groups = dim / W;
         const int threads = static_cast<int>(std::min<int64_t>(128, ceil_div(groups, 32) * 32));
@@ -735,8 +747,10 @@ void CudaBackend::embedding_backward(const Tensor& grad_out, const Tensor& ids, 
         embedding_backward_long_ids<T, W><<<grid, threads, 0, launch.stream>>>(args);
         MICROLLM_CUDA_CHECK_LAUNCH();
       };
-      if (vectorized) run.template operator()<V>();
-      else run.template operator()<1>();
+      if (vectorized)
+        run.template operator()<V>();
+      else
+        run.template operator()<1>();
     });
   });
 }

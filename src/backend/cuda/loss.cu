@@ -50,7 +50,7 @@ struct RowsView {
 // The (max, sum of exp) of one row; every thread of the block gets them.
 template <typename T>
 __device__ __forceinline__ rows::OnlineStats<acc_t<T>> row_stats(const T* row, const RowsView& view,
-                                                                  acc_t<T>* scratch) {
+                                                                 acc_t<T>* scratch) {
   rows::OnlineStats<acc_t<T>> stats;
   rows::visit_row(row, view.vocab, view.step, threadIdx.x, blockDim.x,
                   [&](int64_t, const T* v, int count) { stats.add(v, count); });
@@ -59,8 +59,9 @@ __device__ __forceinline__ rows::OnlineStats<acc_t<T>> row_stats(const T* row, c
 
 // row_loss[n] = lse(x[n]) - x[n, t_n], 0 for ignored (and bad) targets.
 template <typename T, typename I>
-__global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>) cross_entropy_rows(const T* __restrict__ logits, const I* __restrict__ targets, RowsView view,
-                                   acc_t<T>* __restrict__ row_loss, uint64_t* error_word) {
+__global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>)
+    cross_entropy_rows(const T* __restrict__ logits, const I* __restrict__ targets, RowsView view,
+                       acc_t<T>* __restrict__ row_loss, uint64_t* error_word) {
   using A = acc_t<T>;
   __shared__ A scratch[32];
   for (int64_t n = blockIdx.x; n < view.n_rows; n += gridDim.x) {
@@ -81,8 +82,8 @@ __global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>) cross_ent
 
 // loss = sum(row_loss) / count(kept), in f64 and a fixed order (the same on every run); 0 when none kept.
 template <typename A, typename I, typename Out>
-__global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish(const A* __restrict__ row_loss, const I* __restrict__ targets, RowsView view,
-                                     Out* loss) {
+__global__ void __launch_bounds__(kFinishThreads)
+    cross_entropy_finish(const A* __restrict__ row_loss, const I* __restrict__ targets, RowsView view, Out* loss) {
   __shared__ double scratch[32];
   __shared__ long long count_scratch[32];
   double total = 0;
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish(const A* 
 
 // scale = grad_loss / count(kept) (0 when none kept), as the CPU computes it: the division in f64.
 template <typename G, typename I, typename A>
-__global__ void __launch_bounds__(kFinishThreads) cross_entropy_scale(const G* __restrict__ grad_loss, const I* __restrict__ targets, RowsView view,
-                                    A* scale) {
+__global__ void __launch_bounds__(kFinishThreads)
+    cross_entropy_scale(const G* __restrict__ grad_loss, const I* __restrict__ targets, RowsView view, A* scale) {
   __shared__ long long count_scratch[32];
   long long kept = 0;
   for (int64_t n = threadIdx.x; n < view.n_rows; n += blockDim.x) {
@@ -114,16 +115,16 @@ __global__ void __launch_bounds__(kFinishThreads) cross_entropy_scale(const G* _
 
 // grad[n, v] = scale * (softmax(x[n])[v] - [v == t_n]); zero rows for ignored (and bad) targets.
 template <typename T, typename I>
-__global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>) cross_entropy_backward_rows(const T* __restrict__ logits, const I* __restrict__ targets,
-                                            RowsView view, const acc_t<T>* __restrict__ scale_ptr,
-                                            T* __restrict__ grad, uint64_t* error_word) {
+__global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>)
+    cross_entropy_backward_rows(const T* __restrict__ logits, const I* __restrict__ targets, RowsView view,
+                                const acc_t<T>* __restrict__ scale_ptr, T* __restrict__ grad, uint64_t* error_word) {
   using A = acc_t<T>;
   constexpr int V = kPack<T>;
   __shared__ A scratch[32];
   const A scale = *scale_ptr;
   for (int64_t n = blockIdx.x; n < view.n_rows; n += gridDim.x) {
     const int64_t t = static_cast<int64_t>(targets[n * view.target_stride]);
-    T* out = grad + n * view.vocab;  // [N, V] contiguous
+    T* out = grad + n * view.vocab;                            // [N, V] contiguous
     if (t == view.ignore_index || t < 0 || t >= view.vocab) {  // the same for the whole block
       if (threadIdx.x == 0 && t != view.ignore_index) {
         detail::report_device_error(error_word, detail::DeviceErrorCode::target_index, t);
@@ -162,8 +163,7 @@ __global__ void __launch_bounds__(kRowMaxThreads<T>, kRowMinBlocks<T>) cross_ent
 }
 
 RowsView rows_view(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  return RowsView{logits.size(0), logits.size(1), logits.stride(0), logits.stride(1), targets.stride(0),
-                  ignore_index};
+  return RowsView{logits.size(0), logits.size(1), logits.stride(0), logits.stride(1), targets.stride(0), ignore_index};
 }
 
 }  // namespace
@@ -175,8 +175,8 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& targets, int
   OpScope scope("cross_entropy", device_, detail::current_cuda_stream(device_));
   visit_float(logits.dtype(), "cross_entropy", [&]<typename T>() {
     using A = acc_t<T>;
-    MICROLLM_CHECK(loss.dtype() == (std::is_same_v<T, double> ? DType::f64 : DType::f32), DTypeError,
-                   "cross_entropy", "loss must be ", std::is_same_v<T, double> ? "f64" : "f32", ", got ", loss.dtype());
+    MICROLLM_CHECK(loss.dtype() == (std::is_same_v<T, double> ? DType::f64 : DType::f32), DTypeError, "cross_entropy",
+                   "loss must be ", std::is_same_v<T, double> ? "f64" : "f32", ", got ", loss.dtype());
     visit_index(targets.dtype(), "cross_entropy", [&]<typename I>() {
       Launch launch(loss);
       const RowsView view = rows_view(logits, targets, ignore_index);
@@ -186,14 +186,13 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& targets, int
                                             std::is_same_v<A, double> ? DType::f64 : DType::f32, loss.device());
       A* per_row = static_cast<A*>(row_loss.data_ptr());
       if (view.n_rows > 0) {
-        cross_entropy_rows<T, I>
-            <<<static_cast<unsigned>(std::min<int64_t>(view.n_rows, kMaxBlocks)), row_threads<T>(view.vocab), 0,
-               launch.stream>>>(static_cast<const T*>(logits.data_ptr()), t, view, per_row,
-                                detail::cuda_error_word(device_));
+        cross_entropy_rows<T, I><<<static_cast<unsigned>(std::min<int64_t>(view.n_rows, kMaxBlocks)),
+                                   row_threads<T>(view.vocab), 0, launch.stream>>>(
+            static_cast<const T*>(logits.data_ptr()), t, view, per_row, detail::cuda_error_word(device_));
         MICROLLM_CUDA_CHECK_LAUNCH();
       }
-      cross_entropy_finish<A, I, A><<<1, kFinishThreads, 0, launch.stream>>>(per_row, t, view,
-                                                                             static_cast<A*>(loss.data_ptr()));
+      cross_entropy_finish<A, I, A>
+          <<<1, kFinishThreads, 0, launch.stream>>>(per_row, t, view, static_cast<A*>(loss.data_ptr()));
       MICROLLM_CUDA_CHECK_LAUNCH();
     });
   });
@@ -210,11 +209,11 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
         if (view.n_rows == 0 || view.vocab == 0) return;
         Launch launch(grad_logits);
         const I* t = static_cast<const I*>(targets.data_ptr());
-        const Tensor scale = Tensor::empty({1}, std::is_same_v<A, double> ? DType::f64 : DType::f32,
-                                           grad_logits.device());
+        const Tensor scale =
+            Tensor::empty({1}, std::is_same_v<A, double> ? DType::f64 : DType::f32, grad_logits.device());
         A* scale_ptr = static_cast<A*>(scale.data_ptr());
-        cross_entropy_scale<G, I, A><<<1, kFinishThreads, 0, launch.stream>>>(
-            static_cast<const G*>(grad_loss.data_ptr()), t, view, scale_ptr);
+        cross_entropy_scale<G, I, A>
+            <<<1, kFinishThreads, 0, launch.stream>>>(static_cast<const G*>(grad_loss.data_ptr()), t, view, scale_ptr);
         MICROLLM_CUDA_CHECK_LAUNCH();
         cross_entropy_backward_rows<T, I>
             <<<static_cast<unsigned>(std::min<int64_t>(view.n_rows, kMaxBlocks)), row_threads<T>(view.vocab), 0,

@@ -171,14 +171,14 @@ cudaDataType_t cuda_data_type(DType dtype) {
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                                    int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  MICROLLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
-                                                   static_cast<uint64_t>(cols), ld));
+  MICROLLM_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     const auto count = static_cast<int32_t>(batch);
     MICROLLM_CUBLAS_CHECK(
         cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    MICROLLM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                           &stride, sizeof(stride)));
+    MICROLLM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   }
   return layout;
 }
@@ -192,8 +192,8 @@ bool find_algo(cublasLtHandle_t handle, Plan& plan, const PlanKey& key) {
     ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
   } guard{pref};
   const uint64_t workspace = kCublasLtWorkspaceBytes;
-  MICROLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace, sizeof(workspace)));
+  MICROLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                             sizeof(workspace)));
   const uint32_t aligns[4] = {key.align_a, key.align_b, key.align_c, key.align_c};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -274,8 +274,8 @@ void launch_fallback(const Tensor& a, const Tensor& b, bool ta, bool tb, const T
   }
   const int64_t total = out.numel();
   matmul_fallback<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(a.data_ptr()),
-                                                                static_cast<const T*>(b.data_ptr()), bias, bias_stride,
-                                                                static_cast<T*>(out.data_ptr()), meta, total);
+                                                               static_cast<const T*>(b.data_ptr()), bias, bias_stride,
+                                                               static_cast<T*>(out.data_ptr()), meta, total);
   MICROLLM_CUDA_CHECK_LAUNCH();
 }
 
@@ -293,7 +293,7 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
   const int64_t bias_stride = bias.defined() ? bias.stride(0) : 0;
   if (k == 0) {  // an empty sum: zeros, plus the bias
     fill_rows<T><<<grid_for(out.numel()), kThreads, 0, launch.stream>>>(static_cast<T*>(out.data_ptr()), bias_data,
-                                                                          bias_stride, n, out.numel());
+                                                                        bias_stride, n, out.numel());
     MICROLLM_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -426,7 +426,8 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, boo
                          const Tensor& out) {
   OpScope scope("matmul", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
-  visit_float(out.dtype(), "matmul", [&]<typename T>() { run_matmul<T>(a, b, transpose_a, transpose_b, bias, out, launch); });
+  visit_float(out.dtype(), "matmul",
+              [&]<typename T>() { run_matmul<T>(a, b, transpose_a, transpose_b, bias, out, launch); });
 }
 
 }  // namespace microllm

@@ -63,9 +63,9 @@ struct ForwardArgs {
   const T* x;
   const T* residual;  // null: no residual
   const T* weight;
-  T* out;             // [rows, n] contiguous
-  T* h_out;           // [rows, n] contiguous, or null
-  acc_t<T>* rstd;     // [rows]
+  T* out;               // [rows, n] contiguous
+  T* h_out;             // [rows, n] contiguous, or null
+  acc_t<T>* rstd;       // [rows]
   StridedMeta<2> rows;  // row index -> offset of the row's first element in x and in residual
   int64_t n_rows, n;
   int64_t x_step, r_step, w_step;  // element steps along a row (1 on the vectorized paths)
@@ -126,8 +126,10 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
       }
     }
     A total;
-    if constexpr (TPR == 32) total = warp_sum(sum_sq);
-    else total = block_sum(sum_sq, scratch);
+    if constexpr (TPR == 32)
+      total = warp_sum(sum_sq);
+    else
+      total = block_sum(sum_sq, scratch);
     const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
     if (lane == 0) args.rstd[row] = rstd;
 #pragma unroll
@@ -177,9 +179,9 @@ struct BackwardArgs {
   const T* weight;
   const acc_t<T>* rstd;
   int64_t rstd_step;
-  T* grad_h;             // [rows, n] contiguous
-  acc_t<T>* partials;    // [chunks, n]: chunk c's sum over its rows of g * h * rstd
-  StridedMeta<2> rows;   // row index -> offset of the row's first element in grad_out and in h
+  T* grad_h;            // [rows, n] contiguous
+  acc_t<T>* partials;   // [chunks, n]: chunk c's sum over its rows of g * h * rstd
+  StridedMeta<2> rows;  // row index -> offset of the row's first element in grad_out and in h
   int64_t n_rows, n, rows_per_chunk;
   int64_t g_step, h_step, w_step;
   bool shared_partials;  // accumulate in shared memory (n * sizeof(A) bytes), else in the chunk's global slice

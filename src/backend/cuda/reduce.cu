@@ -35,26 +35,34 @@ using compute_t = std::conditional_t<std::is_integral_v<T>, int64_t, acc_t<T>>;
 
 template <typename T>
 __device__ __forceinline__ compute_t<T> to_compute(T v) {
-  if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(v);
-  else return to_acc(v);
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<int64_t>(v);
+  else
+    return to_acc(v);
 }
 
 template <typename C>
 __device__ __forceinline__ C lowest() {
-  if constexpr (std::is_integral_v<C>) return std::numeric_limits<C>::lowest();
-  else return -static_cast<C>(INFINITY);
+  if constexpr (std::is_integral_v<C>)
+    return std::numeric_limits<C>::lowest();
+  else
+    return -static_cast<C>(INFINITY);
 }
 
 template <typename C>
 __device__ __forceinline__ C highest() {
-  if constexpr (std::is_integral_v<C>) return std::numeric_limits<C>::max();
-  else return static_cast<C>(INFINITY);
+  if constexpr (std::is_integral_v<C>)
+    return std::numeric_limits<C>::max();
+  else
+    return static_cast<C>(INFINITY);
 }
 
 template <typename C>
 __device__ __forceinline__ bool is_nan(C v) {
-  if constexpr (std::is_integral_v<C>) return false;
-  else return v != v;
+  if constexpr (std::is_integral_v<C>)
+    return false;
+  else
+    return v != v;
 }
 
 // sum / mean / max / min. State: the running value.
@@ -63,9 +71,12 @@ struct ReduceFn {
   using State = compute_t<T>;
   using Out = T;
   __device__ State identity() const {
-    if constexpr (kOp == ReduceOp::max) return lowest<State>();
-    else if constexpr (kOp == ReduceOp::min) return highest<State>();
-    else return State(0);
+    if constexpr (kOp == ReduceOp::max)
+      return lowest<State>();
+    else if constexpr (kOp == ReduceOp::min)
+      return highest<State>();
+    else
+      return State(0);
   }
   __device__ State make(T v, int64_t) const { return to_compute(v); }
   __device__ State combine(State a, State b) const {
@@ -74,17 +85,23 @@ struct ReduceFn {
     } else {
       if (is_nan(a)) return a;  // NaN propagates
       if (is_nan(b)) return b;
-      if constexpr (kOp == ReduceOp::max) return b > a ? b : a;
-      else return b < a ? b : a;
+      if constexpr (kOp == ReduceOp::max)
+        return b > a ? b : a;
+      else
+        return b < a ? b : a;
     }
   }
   __device__ void write(T* out, State s, int64_t n) const {
     if constexpr (kOp == ReduceOp::mean) {
-      if constexpr (std::is_integral_v<T>) s = n > 0 ? s / n : 0;  // unreachable: the ops layer rejects it
-      else s = n > 0 ? s / static_cast<State>(n) : static_cast<State>(NAN);
+      if constexpr (std::is_integral_v<T>)
+        s = n > 0 ? s / n : 0;  // unreachable: the ops layer rejects it
+      else
+        s = n > 0 ? s / static_cast<State>(n) : static_cast<State>(NAN);
     }
-    if constexpr (std::is_integral_v<T>) *out = static_cast<T>(s);
-    else *out = from_acc<T>(s);
+    if constexpr (std::is_integral_v<T>)
+      *out = static_cast<T>(s);
+    else
+      *out = from_acc<T>(s);
   }
 };
 
@@ -129,8 +146,9 @@ __device__ __forceinline__ void tree_reduce(State* values, int tid, int count, c
 
 // A block (blockDim.x a power of two <= kRowThreads) per (line, split) of unit-stride lines.
 template <typename T, typename Fn>
-__global__ void __launch_bounds__(kRowThreads) reduce_rows_kernel(const T* __restrict__ x, typename Fn::Out* __restrict__ out,
-                                   typename Fn::State* __restrict__ partial, Lines lines, Fn fn) {
+__global__ void __launch_bounds__(kRowThreads)
+    reduce_rows_kernel(const T* __restrict__ x, typename Fn::Out* __restrict__ out,
+                       typename Fn::State* __restrict__ partial, Lines lines, Fn fn) {
   using State = typename Fn::State;
   __shared__ alignas(16) unsigned char raw[kRowThreads * sizeof(State)];
   State* values = reinterpret_cast<State*>(raw);
@@ -143,16 +161,20 @@ __global__ void __launch_bounds__(kRowThreads) reduce_rows_kernel(const T* __res
     const int64_t begin = split * lines.chunk;
     const int64_t len = std::min(lines.n - begin, lines.chunk);
     State s = fn.identity();
-    rows::visit_row(x + off[1] + begin, len, int64_t{1}, threadIdx.x, blockDim.x, [&](int64_t i, const T* v, int count) {
+    rows::visit_row(x + off[1] + begin, len, int64_t{1}, threadIdx.x, blockDim.x,
+                    [&](int64_t i, const T* v, int count) {
 #pragma unroll
-      for (int j = 0; j < rows::kPack<T> && j < count; ++j) s = fn.combine(s, fn.make(v[j], begin + i + j));
-    });
+                      for (int j = 0; j < rows::kPack<T> && j < count; ++j)
+                        s = fn.combine(s, fn.make(v[j], begin + i + j));
+                    });
     values[threadIdx.x] = s;
     __syncthreads();
     tree_reduce(values, threadIdx.x, blockDim.x, fn);
     if (threadIdx.x == 0) {
-      if (lines.splits == 1) fn.write(out + off[0], values[0], lines.n);
-      else partial[w] = values[0];
+      if (lines.splits == 1)
+        fn.write(out + off[0], values[0], lines.n);
+      else
+        partial[w] = values[0];
     }
     __syncthreads();  // values[0] is read before the next line overwrites it
   }
@@ -161,8 +183,9 @@ __global__ void __launch_bounds__(kRowThreads) reduce_rows_kernel(const T* __res
 // Blocks of (kColumnLines, Y): threadIdx.x picks a line, threadIdx.y strides through its chunk;
 // blockIdx.y is the split.
 template <typename T, typename Fn>
-__global__ void __launch_bounds__(kColumnLines * kColumnSplit) reduce_columns_kernel(const T* __restrict__ x, typename Fn::Out* __restrict__ out,
-                                      typename Fn::State* __restrict__ partial, Lines lines, Fn fn) {
+__global__ void __launch_bounds__(kColumnLines* kColumnSplit)
+    reduce_columns_kernel(const T* __restrict__ x, typename Fn::Out* __restrict__ out,
+                          typename Fn::State* __restrict__ partial, Lines lines, Fn fn) {
   using State = typename Fn::State;
   __shared__ alignas(16) unsigned char raw[kColumnSplit * kColumnLines * sizeof(State)];
   State* values = reinterpret_cast<State*>(raw);  // [y][x]
@@ -175,7 +198,8 @@ __global__ void __launch_bounds__(kColumnLines * kColumnSplit) reduce_columns_ke
     const T* src = x + off[1];
     const int64_t begin = split * lines.chunk;
     const int64_t end = std::min(lines.n, begin + lines.chunk);
-    for (int64_t i = begin + threadIdx.y; i < end; i += blockDim.y) s = fn.combine(s, fn.make(src[i * lines.stride], i));
+    for (int64_t i = begin + threadIdx.y; i < end; i += blockDim.y)
+      s = fn.combine(s, fn.make(src[i * lines.stride], i));
   }
   if (blockDim.y > 1) {
     values[threadIdx.y * kColumnLines + threadIdx.x] = s;
@@ -190,15 +214,17 @@ __global__ void __launch_bounds__(kColumnLines * kColumnSplit) reduce_columns_ke
     s = values[threadIdx.x];
   }
   if (threadIdx.y == 0 && line < lines.count) {
-    if (lines.splits == 1) fn.write(out + off[0], s, lines.n);
-    else partial[line * lines.splits + split] = s;
+    if (lines.splits == 1)
+      fn.write(out + off[0], s, lines.n);
+    else
+      partial[line * lines.splits + split] = s;
   }
 }
 
 // Folds each line's split states in order and writes the output.
 template <typename Fn>
-__global__ void reduce_finish_kernel(const typename Fn::State* __restrict__ partial,
-                                     typename Fn::Out* __restrict__ out, Lines lines, Fn fn) {
+__global__ void reduce_finish_kernel(const typename Fn::State* __restrict__ partial, typename Fn::Out* __restrict__ out,
+                                     Lines lines, Fn fn) {
   MICROLLM_GRID_STRIDE_LOOP(line, lines.count) {
     int64_t off[2];
     lines.meta.offsets(line, off);
@@ -238,16 +264,16 @@ void reduce_lines(const Tensor& x, int dim, const Tensor& out, Fn fn) {
   Tensor scratch;
   State* partial = nullptr;
   if (lines.splits > 1) {
-    scratch = Tensor::empty({lines.count * lines.splits * static_cast<int64_t>(sizeof(State))}, DType::u8,
-                            out.device());
+    scratch =
+        Tensor::empty({lines.count * lines.splits * static_cast<int64_t>(sizeof(State))}, DType::u8, out.device());
     partial = static_cast<State*>(scratch.data_ptr());
   }
   if (row_kernel) {
-    const int threads =
-        static_cast<int>(std::clamp<int64_t>(rows::next_pow2(ceil_div(std::min(lines.n, lines.chunk), 8)), 32,
-                                             kRowThreads));
+    const int threads = static_cast<int>(
+        std::clamp<int64_t>(rows::next_pow2(ceil_div(std::min(lines.n, lines.chunk), 8)), 32, kRowThreads));
     const int64_t blocks = std::min<int64_t>(lines.count * lines.splits, kMaxBlocks);
-    reduce_rows_kernel<T, Fn><<<static_cast<unsigned>(blocks), threads, 0, launch.stream>>>(src, dst, partial, lines, fn);
+    reduce_rows_kernel<T, Fn>
+        <<<static_cast<unsigned>(blocks), threads, 0, launch.stream>>>(src, dst, partial, lines, fn);
   } else {
     const int y = lines.n <= kShortLine ? 1 : kColumnSplit;
     const dim3 grid(static_cast<unsigned>(ceil_div(lines.count, kColumnLines)), static_cast<unsigned>(lines.splits));

@@ -110,8 +110,7 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, const RopeParam
     switch (positions.dtype()) {
       case DType::i32: return launch_rope<T, int32_t>(x, positions, params, inverse, out, freq, launch.stream);
       case DType::i64: return launch_rope<T, int64_t>(x, positions, params, inverse, out, freq, launch.stream);
-      default:
-        throw DTypeError(op, str_cat("positions must be i32 or i64, got ", positions.dtype()));
+      default: throw DTypeError(op, str_cat("positions must be i32 or i64, got ", positions.dtype()));
     }
   });
 }

@@ -87,11 +87,12 @@ __device__ __forceinline__ void visit_row(const T* row, int64_t n, int64_t strid
   }
 }
 
-// exp for the statistics: the fast hardware exp2 in f32 (a few ulp; the results are stored in f32 or
-// narrower), the accurate one in f64.
+// exp per element: the fast hardware exp2 in f32 (a few ulp; the results are stored in f32 or narrower),
+// the accurate one in f64. log, once per row: through f64, so the f32 result is the correctly rounded one
+// (the CPU's std::log), e.g. log_softmax of two equal values is exactly -log(2.0f).
 __device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
 __device__ __forceinline__ double fast_exp(double x) { return exp(x); }
-__device__ __forceinline__ float acc_log(float x) { return logf(x); }
+__device__ __forceinline__ float acc_log(float x) { return static_cast<float>(log(static_cast<double>(x))); }
 __device__ __forceinline__ double acc_log(double x) { return log(x); }
 
 template <typename A>

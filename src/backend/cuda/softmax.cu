@@ -15,9 +15,9 @@ namespace cuda_kernels {
 namespace {
 
 using rows::kPack;
-using rows::Pack;
 using rows::leading_shape;
 using rows::leading_strides;
+using rows::Pack;
 
 constexpr int64_t kWarpRowLimit = 1024;  // longer rows take a block each
 constexpr int kWarpKernelThreads = 256;  // 8 rows (warps) per block
@@ -38,20 +38,25 @@ struct RowGroup {
   __device__ static int64_t count() { return kBlock ? gridDim.x : static_cast<int64_t>(gridDim.x) * (blockDim.x / 32); }
   template <typename A>
   __device__ static A sum(A v, A* scratch) {
-    if constexpr (kBlock) return block_sum(v, scratch);
-    else return warp_sum(v);
+    if constexpr (kBlock)
+      return block_sum(v, scratch);
+    else
+      return warp_sum(v);
   }
   template <typename A>
   __device__ static rows::OnlineStats<A> combine(rows::OnlineStats<A> s, A* scratch) {
-    if constexpr (kBlock) return rows::block_combine(s, scratch);
-    else return rows::warp_combine(s);
+    if constexpr (kBlock)
+      return rows::block_combine(s, scratch);
+    else
+      return rows::warp_combine(s);
   }
 };
 
 // x: rows at offsets rows_meta(r), elements `step` apart; out: [rows, n] contiguous.
 template <typename T, bool kLog, bool kBlock>
-__global__ void __launch_bounds__(kBlock ? kMaxThreads<T> : kWarpKernelThreads, kBlock ? 1 : 2) softmax_kernel(const T* __restrict__ x, T* __restrict__ out, StridedMeta<1> rows_meta, int64_t n_rows,
-                               int64_t n, int64_t step) {
+__global__ void __launch_bounds__(kBlock ? kMaxThreads<T> : kWarpKernelThreads, kBlock ? 1 : 2)
+    softmax_kernel(const T* __restrict__ x, T* __restrict__ out, StridedMeta<1> rows_meta, int64_t n_rows, int64_t n,
+                   int64_t step) {
   using A = acc_t<T>;
   using G = RowGroup<kBlock>;
   constexpr int V = kPack<T>;
@@ -84,6 +89,66 @@ __global__ void __launch_bounds__(kBlock ? kMaxThreads<T> : kWarpKernelThreads, 
   }
 }
 
+// The forward for contiguous, aligned rows of kWarpRowLimit < n <= P * 256 * V elements: a block per row
+// holds its row in registers (P packs per thread), so the row is read once instead of twice.
+constexpr int kCachedThreads = 256;
+template <typename T, bool kLog, int P>
+__global__ void __launch_bounds__(kCachedThreads) softmax_cached_kernel(const T* __restrict__ x, T* __restrict__ out,
+                                                                          StridedMeta<1> rows_meta, int64_t n_rows,
+                                                                          int64_t n) {
+  using A = acc_t<T>;
+  constexpr int V = kPack<T>;
+  __shared__ A scratch[32];
+  const int64_t groups = n / V;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    int64_t off[1];
+    rows_meta.offsets(r, off);
+    const auto* row = reinterpret_cast<const Pack<V, T>*>(x + off[0]);
+    A v[P][V];
+    A local_max = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t p = threadIdx.x + q * kCachedThreads;
+      if (p < groups) {
+        const Pack<V, T> pack = row[p];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          v[q][j] = to_acc(pack.v[j]);
+          local_max = max(local_max, v[q][j]);
+        }
+      }
+    }
+    const A row_max = block_max(local_max, scratch);
+    A local_sum = 0;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      if (threadIdx.x + q * kCachedThreads < groups) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          v[q][j] -= row_max;  // a row of only -inf gives NaN here, as on the CPU
+          local_sum += rows::fast_exp(v[q][j]);
+        }
+      }
+    }
+    const A sum = block_sum(local_sum, scratch);
+    const A inv_sum = A(1) / sum;
+    const A log_sum = rows::acc_log(sum);
+    auto* o = reinterpret_cast<Pack<V, T>*>(out + r * n);
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t p = threadIdx.x + q * kCachedThreads;
+      if (p < groups) {
+        Pack<V, T> result;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          result.v[j] = from_acc<T>(kLog ? v[q][j] - log_sum : rows::fast_exp(v[q][j]) * inv_sum);
+        }
+        o[p] = result;
+      }
+    }
+  }
+}
+
 // Calls fn(index, y_values, g_values, count) over the row elements a thread owns: packs when both rows
 // are unit-stride and aligned, single elements otherwise.
 template <typename T, typename Fn>
@@ -111,9 +176,9 @@ __device__ __forceinline__ void visit_two_rows(const T* y, int64_t y_step, const
 
 // softmax: dx = y (g - sum(g y)); log_softmax: dx = g - exp(y) sum(g). dx: [rows, n] contiguous.
 template <typename T, bool kLog, bool kBlock>
-__global__ void __launch_bounds__(kBlock ? kMaxThreads<T> : kWarpKernelThreads, kBlock ? 1 : 2) softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
-                                        StridedMeta<2> rows_meta, int64_t n_rows, int64_t n, int64_t y_step,
-                                        int64_t g_step) {
+__global__ void __launch_bounds__(kBlock ? kMaxThreads<T> : kWarpKernelThreads, kBlock ? 1 : 2)
+    softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
+                            StridedMeta<2> rows_meta, int64_t n_rows, int64_t n, int64_t y_step, int64_t g_step) {
   using A = acc_t<T>;
   using G = RowGroup<kBlock>;
   constexpr int V = kPack<T>;
@@ -179,6 +244,24 @@ void CudaBackend::softmax(const Tensor& x, bool log, const Tensor& out) {
     const T* src = static_cast<const T*>(x.data_ptr());
     T* dst = static_cast<T*>(out.data_ptr());
     const int64_t step = x.stride(-1);
+    // Rows in registers when they are contiguous, 16-byte aligned and fit 4 packs per thread.
+    constexpr int V = kPack<T>;
+    bool rows_aligned = step == 1 && n % V == 0 && rows::aligned16(src) && rows::aligned16(dst);
+    for (int d = 0; d < meta.rank; ++d) rows_aligned = rows_aligned && (meta.strides[0][d] * sizeof(T)) % 16 == 0;
+    if (V > 1 && rows_aligned && n > kWarpRowLimit && n <= 4 * kCachedThreads * V) {
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(n_rows, kMaxBlocks));
+      auto launch_cached = [&]<int P>() {
+        if (log) {
+          softmax_cached_kernel<T, true, P><<<blocks, kCachedThreads, 0, launch.stream>>>(src, dst, meta, n_rows, n);
+        } else {
+          softmax_cached_kernel<T, false, P><<<blocks, kCachedThreads, 0, launch.stream>>>(src, dst, meta, n_rows, n);
+        }
+      };
+      if (n <= 2 * kCachedThreads * V) launch_cached.template operator()<2>();
+      else launch_cached.template operator()<4>();
+      MICROLLM_CUDA_CHECK_LAUNCH();
+      return;
+    }
     launch_rows<T>(n_rows, n, [&]<bool kBlock>(unsigned blocks, int threads) {
       if (log) {
         softmax_kernel<T, true, kBlock><<<blocks, threads, 0, launch.stream>>>(src, dst, meta, n_rows, n, step);
@@ -198,8 +281,7 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& grad_out, bool
     Launch launch(grad_x);
     const int64_t n = y.size(-1);
     const int64_t n_rows = y.numel() / n;
-    const StridedMeta<2> meta =
-        make_strided_meta<2>(leading_shape(y), {leading_strides(y), leading_strides(grad_out)});
+    const StridedMeta<2> meta = make_strided_meta<2>(leading_shape(y), {leading_strides(y), leading_strides(grad_out)});
     const T* ys = static_cast<const T*>(y.data_ptr());
     const T* gs = static_cast<const T*>(grad_out.data_ptr());
     T* dst = static_cast<T*>(grad_x.data_ptr());

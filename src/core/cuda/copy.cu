@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -96,6 +97,10 @@ void device_to_host(void* dst, const void* src, size_t nbytes, int device) {
   }
 }
 
+#define MICROLLM_GRID_STRIDE(i, n)                                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);             \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
 // ---- strided copy with dtype conversion ----
 struct StridedCopyArgs {
   int rank;
@@ -183,6 +188,62 @@ __global__ void copy_strided_kernel(void* dst, DType dst_dtype, const void* src,
   }
 }
 
+// ---- the common case: a contiguous cast between floating types (weights to bf16, activations to f32):
+// typed loads and stores, 16-byte vectors of the narrower side, no per-element dtype switch ----
+template <typename T> __device__ __forceinline__ float to_f32(T v) { return static_cast<float>(v); }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v) { return static_cast<T>(v); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// At most 16-byte alignment: a 32-byte pack of f32 loads as two 16-byte halves.
+template <int N, typename T>
+struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename Src, typename Dst>
+__global__ void cast_contiguous_kernel(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t n) {
+  constexpr int V = 8;  // 8 elements: 16 bytes of bf16/f16, two 16-byte halves of f32
+  const int64_t packs = n / V;
+  MICROLLM_GRID_STRIDE(p, packs) {
+    const Pack<V, Src> in = reinterpret_cast<const Pack<V, Src>*>(src)[p];
+    Pack<V, Dst> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = from_f32<Dst>(to_f32(in.v[j]));
+    reinterpret_cast<Pack<V, Dst>*>(dst)[p] = out;
+  }
+  MICROLLM_GRID_STRIDE(i, n - packs * V) dst[packs * V + i] = from_f32<Dst>(to_f32(src[packs * V + i]));
+}
+
+// Launches the typed cast when both dtypes are f32, f16 or bf16 and both sides are 16-byte aligned.
+bool try_cast_contiguous(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, cudaStream_t stream) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(src) || !aligned(dst)) return false;
+  auto launch = [&]<typename S, typename D>() {
+    const int threads = 256;
+    const int64_t blocks = std::clamp<int64_t>((n / 8 + threads - 1) / threads, 1, 65536);
+    cast_contiguous_kernel<S, D><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(static_cast<const S*>(src),
+                                                                                       static_cast<D*>(dst), n);
+    return true;
+  };
+  auto with_dst = [&]<typename S>() {
+    switch (dst_dtype) {
+      case DType::f32: return launch.template operator()<S, float>();
+      case DType::f16: return launch.template operator()<S, __half>();
+      case DType::bf16: return launch.template operator()<S, __nv_bfloat16>();
+      default: return false;
+    }
+  };
+  switch (src_dtype) {
+    case DType::f32: return with_dst.template operator()<float>();
+    case DType::f16: return with_dst.template operator()<__half>();
+    case DType::bf16: return with_dst.template operator()<__nv_bfloat16>();
+    default: return false;
+  }
+}
+
 __global__ void fill_kernel(void* dst, DType dtype, double value, int64_t numel) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -240,6 +301,11 @@ void cuda_copy_strided(const Tensor& src, const Tensor& dst) {
   const cudaStream_t stream = current_cuda_stream(device);
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel()) {
     MICROLLM_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel() &&
+      try_cast_contiguous(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(), dst.numel(), stream)) {
+    MICROLLM_CUDA_CHECK_LAUNCH();
     return;
   }
   StridedCopyArgs args{};

@@ -1,0 +1,192 @@
+// `microllm train`: train a model from scratch (or resume) on token files from `microllm prepare`.
+//   microllm train --preset tiny --data data/tokens/kjv --steps 500 --out data/runs/tiny
+//   microllm train --config model-s.json --device cuda --precision bf16-mixed
+// A JSON config holds any field of train::TrainConfig (include/microllm/train/trainer.h); flags override it.
+// On a terminal a progress bar shows step, loss, lr, tokens/s and the ETA; otherwise one line per log.
+// Ctrl-C saves a checkpoint after the current step and exits; --resume continues from it.
+#include <malloc.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "microllm/core/threads.h"
+#include "microllm/io/atomic_file.h"
+#include "microllm/train/trainer.h"
+
+namespace microllm::app {
+namespace {
+
+struct TrainCliOptions {
+  std::string config_path;
+  std::string preset;
+  std::string data;
+  std::string out;
+  std::string device;
+  std::string precision;
+  int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, warmup = -1, eval_interval = -1;
+  double lr = 0;
+  int threads = 0;
+  int64_t seed = -1;
+  bool resume = false;
+  std::vector<std::string> sets;  // key=value, value as JSON (a bare word is a string)
+};
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buffer[32];
+  if (s >= 3600) {
+    std::snprintf(buffer, sizeof(buffer), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  }
+  return buffer;
+}
+
+train::TrainConfig build_config(const TrainCliOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!o.config_path.empty()) {
+    try {
+      j = nlohmann::json::parse(io::read_text_file(o.config_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ParseError(o.config_path, str_cat("not JSON: ", e.what()));
+    }
+  }
+  if (!o.preset.empty()) j["model"] = o.preset;
+  if (!o.data.empty()) j["data"] = o.data;
+  if (!o.out.empty()) j["out_dir"] = o.out;
+  if (!o.device.empty()) j["device"] = o.device;
+  if (!o.precision.empty()) j["precision"] = o.precision;
+  if (o.steps > 0) j["steps"] = o.steps;
+  if (o.batch_size > 0) j["batch_size"] = o.batch_size;
+  if (o.seq_len > 0) j["seq_len"] = o.seq_len;
+  if (o.grad_accum > 0) j["grad_accum"] = o.grad_accum;
+  if (o.warmup >= 0) j["warmup_steps"] = o.warmup;
+  if (o.eval_interval >= 0) j["eval_interval"] = o.eval_interval;
+  if (o.lr > 0) j["lr"] = o.lr;
+  if (o.threads > 0) j["threads"] = o.threads;
+  if (o.seed >= 0) j["seed"] = static_cast<uint64_t>(o.seed);
+  if (o.resume) j["resume"] = true;
+  for (const std::string& kv : o.sets) {
+    const size_t eq = kv.find('=');
+    MICROLLM_CHECK(eq != std::string::npos && eq > 0, ValueError, "train", "--set expects key=value, got '", kv, "'");
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    try {
+      j[key] = nlohmann::json::parse(value);
+    } catch (const nlohmann::json::parse_error&) {
+      j[key] = value;  // a bare word: a string
+    }
+  }
+  return train::TrainConfig::from_json(j.dump(), o.config_path.empty() ? "train options" : o.config_path);
+}
+
+void run_train(const TrainCliOptions& o) {
+  // Keep freed tensor memory in the heap: every step allocates the same activations again, and memory
+  // handed back to the kernel (glibc's default for blocks of a few MB) faults its pages in again on every
+  // step, a fifth of the time of a CPU step.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  const train::TrainConfig config = build_config(o);
+  const bool terminal = ::isatty(STDOUT_FILENO) != 0;
+  train::Trainer trainer(config);
+  const nn::TransformerConfig& mc = trainer.model().config();
+  std::cout << "train: " << config.model << " (" << mc.model_type << ", " << trainer.model().num_parameters() / 1e6
+            << "M parameters, vocab " << mc.vocab_size << ") on " << trainer.device() << ", " << config.precision
+            << ", batch " << config.batch_size << "x" << config.seq_len << " x" << config.grad_accum << ", "
+            << config.steps << " steps, lr " << config.lr << " (" << config.schedule << ", warmup "
+            << config.warmup_steps << "), " << num_threads() << " CPU threads\n";
+  if (trainer.resumed()) std::cout << "train: resumed from " << config.resolved_checkpoint_dir() << " at step " << trainer.step() << "\n";
+  std::cout << "train: writing " << config.out_dir << "/metrics.jsonl, loss.svg and " << config.resolved_checkpoint_dir()
+            << "/ (Ctrl-C saves a checkpoint and stops)" << std::endl;
+
+  const int64_t start_step = trainer.step();
+  train::StepMetrics last;
+  bool have_last = false;
+  const auto clock_start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start).count(); };
+  auto eta = [&](int64_t step) {
+    const int64_t done = step - start_step;
+    return done > 0 ? seconds() / static_cast<double>(done) * static_cast<double>(config.steps - step) : NAN;
+  };
+  auto bar = [&](int64_t step) {
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(config.steps, 1));
+    std::string line = "\r[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "] ";
+    char buffer[160];
+    std::snprintf(buffer, sizeof(buffer), "step %lld/%lld", static_cast<long long>(step), static_cast<long long>(config.steps));
+    line += buffer;
+    if (have_last) {
+      std::snprintf(buffer, sizeof(buffer), "  loss %.4f  lr %.2e  %.0f tok/s", last.loss, last.lr, last.tokens_per_second);
+      line += buffer;
+    }
+    line += "  ETA " + format_duration(eta(step)) + "   ";
+    std::cout << line << std::flush;
+  };
+
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [&](int64_t step) {
+    if (terminal) bar(step);
+  };
+  callbacks.on_log = [&](const train::StepMetrics& m) {
+    last = m;
+    have_last = true;
+    if (terminal) {
+      bar(m.step);
+    } else {
+      std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  elapsed %s  ETA %s\n",
+                  static_cast<long long>(m.step), static_cast<long long>(config.steps), m.loss, m.lr, m.grad_norm,
+                  m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(), format_duration(eta(m.step)).c_str());
+      std::fflush(stdout);
+    }
+  };
+  callbacks.on_eval = [&](const train::EvalMetrics& m) {
+    if (terminal) std::cout << "\n";
+    std::printf("eval step %lld: val loss %.4f nats/token, %.4f nats/byte (%.1fs)\n", static_cast<long long>(m.step),
+                m.loss, m.nats_per_byte, m.seconds);
+    std::fflush(stdout);
+  };
+  callbacks.on_checkpoint = [&](const std::string& dir) {
+    if (terminal) std::cout << "\n";
+    std::cout << "checkpoint: " << dir << " (step " << trainer.step() << ")" << std::endl;
+  };
+  const train::TrainResult result = trainer.run(callbacks);
+  if (terminal) std::cout << "\n";
+  std::cout << (result.interrupted ? "train: interrupted at step " : "train: done, step ") << result.steps << " in "
+            << format_duration(result.seconds) << " (" << result.seconds << " s)";
+  if (result.last_eval) std::cout << ", val loss " << result.last_eval->nats_per_byte << " nats/byte";
+  std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir << std::endl;
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a model from scratch (or resume) on prepared token files");
+  auto o = std::make_shared<TrainCliOptions>();
+  cmd->add_option("--config", o->config_path, "JSON train config (fields of train::TrainConfig)")->check(CLI::ExistingFile);
+  cmd->add_option("--preset", o->preset, "Model preset (tiny, model-s, model-m) or an HF config.json");
+  cmd->add_option("--data", o->data, "Token file prefix from `microllm prepare` (PREFIX.train.bin, PREFIX.val.bin)");
+  cmd->add_option("--out", o->out, "Output directory: metrics.jsonl, loss.svg, checkpoint/");
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--precision", o->precision, "fp32 or bf16-mixed");
+  cmd->add_option("--steps", o->steps, "Optimizer steps");
+  cmd->add_option("--batch-size", o->batch_size, "Sequences per micro-batch");
+  cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence");
+  cmd->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step");
+  cmd->add_option("--lr", o->lr, "Peak learning rate");
+  cmd->add_option("--warmup", o->warmup, "Warmup steps");
+  cmd->add_option("--eval-interval", o->eval_interval, "Steps between evaluations (0: at the end only)");
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
+  cmd->add_option("--seed", o->seed, "Seed of the initialization and the batch sampler");
+  cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in the output directory");
+  cmd->add_option("--set", o->sets, "Any config field: --set key=value (value as JSON; bare words are strings)");
+  cmd->callback([o] { run_train(*o); });
+}
+
+}  // namespace microllm::app

@@ -1,0 +1,35 @@
+// Choosing the next token from a row of logits: greedy, or sampling with temperature, top-k, top-p
+// (nucleus), min-p and a repetition penalty, from a seeded Philox generator (the same seed gives the same
+// text). Runs on the host over one f32 row.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "microllm/core/random.h"
+
+namespace microllm::generate {
+
+struct SamplingParams {
+  double temperature = 1.0;         // 0: greedy (argmax)
+  int64_t top_k = 0;                // 0: off
+  double top_p = 1.0;               // 1: off
+  double min_p = 0.0;               // keep tokens with p >= min_p * p_max; 0: off
+  double repetition_penalty = 1.0;  // CTRL's: logits of seen tokens divided (> 0) or multiplied (< 0) by it
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params);
+  // The next token from logits[vocab]; `history` (prompt and generated ids) feeds the repetition penalty.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  const SamplingParams& params() const { return params_; }
+  Generator& generator() { return gen_; }
+
+ private:
+  SamplingParams params_;
+  Generator gen_;
+};
+
+}  // namespace microllm::generate

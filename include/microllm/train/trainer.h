@@ -1,0 +1,153 @@
+// The training loop: a TransformerLM from a preset or a Hugging Face config, random windows from a token
+// file, gradient accumulation, global-norm clipping on the device, AdamW or SGD on f32 master weights
+// (fp32, or bf16-mixed compute), evaluation on fixed validation windows, metrics as JSONL, a loss-curve
+// SVG, atomic checkpoints and exact resume, and a clean stop on SIGINT.
+//
+//   train::TrainConfig config = train::TrainConfig::from_json(text);
+//   train::Trainer trainer(config);            // fresh, or resumed from config.checkpoint_dir
+//   train::TrainResult result = trainer.run();
+//
+// One optimizer step: for each of grad_accum micro-batches, loss / grad_accum backward (gradients add up
+// in the parameters); the gradient norm and the clip factor are computed on the device; the optimizer
+// reads the factor there; gradients are dropped. The host reads the loss and the norm only when it logs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "microllm/nn/transformer.h"
+#include "microllm/train/data.h"
+#include "microllm/train/optimizer.h"
+#include "microllm/train/schedule.h"
+
+namespace microllm::train {
+
+struct TrainConfig {
+  // model
+  std::string model = "tiny";        // a preset (tiny, model-s, model-m) or an HF config.json (file or directory)
+  std::string model_type = "llama";  // presets: llama, qwen2 (q/k/v biases) or qwen3 (qk-norm)
+  // data: token files from `microllm prepare`; `data` (a prefix) sets both
+  std::string train_data, val_data;
+  std::string tokenizer;  // the HF tokenizer the files were made with (copied into checkpoints); "" for bytes
+  int64_t batch_size = 32, seq_len = 128, grad_accum = 1, steps = 1000;
+  // optimization
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 3e-3, min_lr_ratio = 0.1;
+  int64_t warmup_steps = 50;
+  std::string schedule = "cosine";  // cosine | linear | constant (after the warmup)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, momentum = 0.9;
+  std::string optimizer_dtype = "f32";  // f32 | bf16 moments
+  double clip = 1.0;                    // max global gradient norm; 0 turns clipping off
+  std::string precision = "fp32";       // fp32 | bf16-mixed (f32 masters, bf16 compute)
+  std::string device = "cpu";           // cpu | cuda | cuda:N
+  // evaluation, logging, checkpoints
+  int64_t eval_interval = 100;  // steps between evaluations (and at the end); 0: only at the end
+  int64_t eval_batches = 16;    // validation batches of [batch_size, seq_len]
+  int64_t log_interval = 10;
+  int64_t checkpoint_interval = 0;  // 0: only at the end (and on SIGINT)
+  std::string out_dir = "data/runs/train";  // metrics.jsonl, loss.svg, and checkpoint/ unless checkpoint_dir is set
+  std::string checkpoint_dir;
+  uint64_t seed = 1337;  // model initialization and the batch sampler
+  bool resume = false;   // continue from checkpoint_dir when it holds a checkpoint
+  int threads = 0;       // CPU threads (0: OMP_NUM_THREADS or all cores)
+
+  // JSON object with the fields above (plus "data": prefix). Unknown keys are a ParseError (typos).
+  static TrainConfig from_json(const std::string& json_text, const std::string& origin = "config");
+  std::string to_json() const;
+  void validate() const;  // ValueError naming the field
+  std::string resolved_checkpoint_dir() const;
+  LrSchedule lr_schedule() const;
+};
+
+struct StepMetrics {
+  int64_t step = 0;  // optimizer steps done
+  double loss = 0;   // mean training loss (nats/token) since the previous log
+  double lr = 0;
+  double grad_norm = 0;  // before clipping, at the last step
+  double tokens_per_second = 0;
+  double elapsed_seconds = 0;
+  int64_t tokens = 0;  // tokens trained on so far
+};
+
+struct EvalMetrics {
+  int64_t step = 0;
+  double loss = 0;           // nats/token over the validation windows
+  double nats_per_byte = 0;  // loss / bytes per token (the same for the byte tokenizer)
+  double seconds = 0;
+};
+
+struct TrainCallbacks {
+  std::function<void(const StepMetrics&)> on_log;
+  std::function<void(const EvalMetrics&)> on_eval;
+  std::function<void(int64_t step)> on_step;  // after every optimizer step
+  std::function<void(const std::string& dir)> on_checkpoint;
+};
+
+struct TrainResult {
+  int64_t steps = 0;  // optimizer steps done in total
+  bool interrupted = false;
+  std::optional<EvalMetrics> last_eval;
+  std::string checkpoint_dir;
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  // Builds the model, optimizer, sampler and validation windows; with config.resume and a checkpoint in
+  // checkpoint_dir, restores all of them from it.
+  explicit Trainer(TrainConfig config);
+  ~Trainer();
+
+  // Trains to config.steps: logs, evaluates, checkpoints on schedule; on SIGINT (Ctrl-C) saves a checkpoint
+  // after the current step and returns with interrupted set. Writes metrics.jsonl and loss.svg to out_dir.
+  TrainResult run(const TrainCallbacks& callbacks = {});
+  // One optimizer step (grad_accum micro-batches).
+  void train_step();
+  EvalMetrics evaluate();
+  void save_checkpoint(const std::string& dir);
+  void load_checkpoint(const std::string& dir);
+
+  nn::TransformerLM& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const TrainConfig& config() const { return config_; }
+  int64_t step() const { return optimizer_->steps(); }
+  bool resumed() const { return resumed_; }
+  Device device() const { return device_; }
+
+ private:
+  StepMetrics flush_log();
+  void write_metrics_line(const std::string& line);
+  void write_loss_curve() const;
+
+  TrainConfig config_;
+  Device device_;
+  DType compute_dtype_ = DType::f32;
+  std::unique_ptr<TokenFile> train_file_, val_file_;
+  std::unique_ptr<BatchSampler> sampler_;
+  std::vector<Batch> val_batches_;
+  std::unique_ptr<nn::TransformerLM> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LrSchedule schedule_;
+  bool resumed_ = false;
+
+  // Since the last log: the summed micro-step losses (a device scalar) and their count.
+  Tensor loss_sum_;
+  int64_t loss_count_ = 0;
+  Tensor last_grad_norm_;
+  int64_t tokens_ = 0;
+  int64_t tokens_at_log_ = 0;
+  double seconds_before_ = 0;  // training time of earlier runs (resume)
+  double log_clock_ = 0, run_clock_ = 0;
+  std::vector<StepMetrics> train_history_;
+  std::vector<EvalMetrics> eval_history_;
+};
+
+// Ctrl-C: Trainer::run installs a SIGINT handler that sets this flag (a second Ctrl-C kills as usual).
+bool interrupt_requested();
+void clear_interrupt();
+
+}  // namespace microllm::train

@@ -1,0 +1,85 @@
+#include "microllm/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "microllm/io/atomic_file.h"
+#include "microllm/io/safetensors.h"
+#include "microllm/train/hf_config.h"
+
+namespace microllm::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+// Swaps two paths atomically; false when the file system (or kernel) cannot.
+bool exchange_paths(const std::string& a, const std::string& b) {
+#ifdef RENAME_EXCHANGE
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    throw IoError(b, str_cat("cannot swap in ", a, ": ", std::strerror(errno)));
+  }
+#else
+  (void)a, (void)b;
+#endif
+  return false;
+}
+}  // namespace
+
+void write_directory_atomically(const std::string& dir, const std::function<void(const std::string&)>& fill) {
+  const fs::path target = fs::path(dir).lexically_normal();
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  fs::create_directories(parent);
+  const std::string tmp = str_cat(target.string(), ".tmp-", ::getpid());
+  fs::remove_all(tmp);  // the leftover of an earlier crash of this pid
+  fs::create_directories(tmp);
+  try {
+    fill(tmp);
+    io::sync_directory(tmp);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  if (!fs::exists(target)) {
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      throw IoError(dir, str_cat("cannot rename ", tmp, " into place: ", std::strerror(errno)));
+    }
+  } else if (exchange_paths(tmp, target.string())) {
+    fs::remove_all(tmp);  // now the previous checkpoint
+  } else {
+    // No atomic exchange here: move the old one aside first; it is removed only once the new one is in place.
+    const std::string old = str_cat(target.string(), ".old-", ::getpid());
+    fs::remove_all(old);
+    if (::rename(target.c_str(), old.c_str()) != 0) {
+      throw IoError(dir, str_cat("cannot move the previous checkpoint aside: ", std::strerror(errno)));
+    }
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      ::rename(old.c_str(), target.c_str());
+      throw IoError(dir, str_cat("cannot rename ", tmp, " into place: ", why));
+    }
+    fs::remove_all(old);
+  }
+  io::sync_directory(parent.string());
+}
+
+void save_hf_model(const std::string& dir, const nn::TransformerLM& model) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, value] : model_tensors(model)) tensors.emplace_back(name, value.to(DType::f32));
+  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  io::write_text_atomically((fs::path(dir) / "config.json").string(), hf_config_json(model.config()));
+}
+
+std::unique_ptr<nn::TransformerLM> load_hf_model(const std::string& dir) {
+  auto model = std::make_unique<nn::TransformerLM>(load_hf_config(dir), 0);
+  load_model_weights(*model, dir);
+  return model;
+}
+
+}  // namespace microllm::train

@@ -1,0 +1,490 @@
+#include "microllm/train/trainer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "microllm/autograd/functions.h"
+#include "microllm/core/threads.h"
+#include "microllm/io/atomic_file.h"
+#include "microllm/io/safetensors.h"
+#include "microllm/ops/elementwise.h"
+#include "microllm/ops/optim.h"
+#include "microllm/train/checkpoint.h"
+#include "microllm/train/hf_config.h"
+#include "microllm/train/plot.h"
+
+namespace microllm::train {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// ---- SIGINT ----
+
+namespace {
+volatile std::sig_atomic_t g_interrupted = 0;
+
+extern "C" void on_sigint(int) { g_interrupted = 1; }
+
+// Installs the handler for its scope; SA_RESETHAND makes a second Ctrl-C kill the process as usual.
+class SigintGuard {
+ public:
+  SigintGuard() {
+    struct sigaction action {};
+    action.sa_handler = on_sigint;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND;
+    installed_ = ::sigaction(SIGINT, &action, &previous_) == 0;
+  }
+  ~SigintGuard() {
+    if (installed_) ::sigaction(SIGINT, &previous_, nullptr);
+  }
+  SigintGuard(const SigintGuard&) = delete;
+  SigintGuard& operator=(const SigintGuard&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+  bool installed_ = false;
+};
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+bool interrupt_requested() { return g_interrupted != 0; }
+void clear_interrupt() { g_interrupted = 0; }
+
+// ---- TrainConfig ----
+
+namespace {
+// Every field of TrainConfig with its JSON name: one list for reading and writing.
+template <typename C, typename F>
+void for_each_field(C& c, F&& f) {
+  f("model", c.model);
+  f("model_type", c.model_type);
+  f("train_data", c.train_data);
+  f("val_data", c.val_data);
+  f("tokenizer", c.tokenizer);
+  f("batch_size", c.batch_size);
+  f("seq_len", c.seq_len);
+  f("grad_accum", c.grad_accum);
+  f("steps", c.steps);
+  f("optimizer", c.optimizer);
+  f("lr", c.lr);
+  f("min_lr_ratio", c.min_lr_ratio);
+  f("warmup_steps", c.warmup_steps);
+  f("schedule", c.schedule);
+  f("beta1", c.beta1);
+  f("beta2", c.beta2);
+  f("eps", c.eps);
+  f("weight_decay", c.weight_decay);
+  f("momentum", c.momentum);
+  f("optimizer_dtype", c.optimizer_dtype);
+  f("clip", c.clip);
+  f("precision", c.precision);
+  f("device", c.device);
+  f("eval_interval", c.eval_interval);
+  f("eval_batches", c.eval_batches);
+  f("log_interval", c.log_interval);
+  f("checkpoint_interval", c.checkpoint_interval);
+  f("out_dir", c.out_dir);
+  f("checkpoint_dir", c.checkpoint_dir);
+  f("seed", c.seed);
+  f("resume", c.resume);
+  f("threads", c.threads);
+}
+
+template <typename T>
+void read_value(const json& v, T& out, const std::string& key, const std::string& origin) {
+  auto fail = [&](const char* what) {
+    throw ParseError(origin, str_cat("field '", key, "' must be ", what, ", got ", v.dump()));
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) fail("a string");
+    out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) fail("true or false");
+    out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) fail("a number");
+    out = v.get<double>();
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    if (!v.is_number_unsigned()) fail("a non-negative integer");
+    out = v.get<uint64_t>();
+  } else {
+    if (!v.is_number_integer()) fail("an integer");
+    out = v.get<T>();
+  }
+}
+}  // namespace
+
+TrainConfig TrainConfig::from_json(const std::string& json_text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw ParseError(origin, str_cat("not JSON: ", e.what()));
+  }
+  MICROLLM_CHECK(j.is_object(), ParseError, origin, "a train config must be a JSON object");
+  TrainConfig c;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "data") {
+      std::string prefix;
+      read_value(value, prefix, key, origin);
+      if (prefix.ends_with(".bin")) prefix.resize(prefix.size() - 4);
+      c.train_data = prefix + ".train.bin";
+      c.val_data = prefix + ".val.bin";
+      continue;
+    }
+    bool known = false;
+    for_each_field(c, [&](const char* name, auto& field) {
+      if (key == name) {
+        read_value(value, field, key, origin);
+        known = true;
+      }
+    });
+    MICROLLM_CHECK(known, ParseError, origin, "unknown field '", key, "'");
+  }
+  return c;
+}
+
+std::string TrainConfig::to_json() const {
+  json j = json::object();
+  for_each_field(*this, [&](const char* name, const auto& field) { j[name] = field; });
+  return j.dump(2);
+}
+
+void TrainConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) {
+    MICROLLM_CHECK(v > 0, ValueError, "train config", name, " must be > 0, got ", v);
+  };
+  positive(batch_size, "batch_size");
+  positive(seq_len, "seq_len");
+  positive(grad_accum, "grad_accum");
+  positive(steps, "steps");
+  positive(log_interval, "log_interval");
+  MICROLLM_CHECK(!train_data.empty(), ValueError, "train config", "train_data (or data) is not set");
+  MICROLLM_CHECK(eval_interval >= 0 && checkpoint_interval >= 0 && eval_batches >= 0 && warmup_steps >= 0,
+                 ValueError, "train config", "intervals, eval_batches and warmup_steps must be >= 0");
+  MICROLLM_CHECK(clip >= 0, ValueError, "train config", "clip must be >= 0, got ", clip);
+  MICROLLM_CHECK(precision == "fp32" || precision == "bf16-mixed", ValueError, "train config",
+                 "precision must be fp32 or bf16-mixed, got '", precision, "'");
+  MICROLLM_CHECK(optimizer_dtype == "f32" || optimizer_dtype == "bf16", ValueError, "train config",
+                 "optimizer_dtype must be f32 or bf16, got '", optimizer_dtype, "'");
+  MICROLLM_CHECK(model_type == "llama" || model_type == "qwen2" || model_type == "qwen3", ValueError, "train config",
+                 "model_type must be llama, qwen2 or qwen3, got '", model_type, "'");
+  lr_schedule().validate();
+  Device::parse(device);
+}
+
+std::string TrainConfig::resolved_checkpoint_dir() const {
+  return checkpoint_dir.empty() ? (fs::path(out_dir) / "checkpoint").string() : checkpoint_dir;
+}
+
+LrSchedule TrainConfig::lr_schedule() const {
+  LrSchedule s;
+  s.lr = lr;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = steps;
+  s.decay = parse_decay(schedule);
+  s.min_ratio = min_lr_ratio;
+  return s;
+}
+
+// ---- Trainer ----
+
+namespace {
+json step_json(const StepMetrics& m) {
+  return {{"type", "train"}, {"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
+          {"tokens_per_second", m.tokens_per_second}, {"elapsed_seconds", m.elapsed_seconds}, {"tokens", m.tokens}};
+}
+
+json eval_json(const EvalMetrics& m) {
+  return {{"type", "eval"}, {"step", m.step}, {"val_loss", m.loss}, {"val_nats_per_byte", m.nats_per_byte},
+          {"seconds", m.seconds}};
+}
+
+StepMetrics step_from_json(const json& j) {
+  StepMetrics m;
+  m.step = j.at("step").get<int64_t>();
+  m.loss = j.at("loss").get<double>();
+  m.lr = j.at("lr").get<double>();
+  m.grad_norm = j.at("grad_norm").get<double>();
+  m.tokens_per_second = j.at("tokens_per_second").get<double>();
+  m.elapsed_seconds = j.at("elapsed_seconds").get<double>();
+  m.tokens = j.at("tokens").get<int64_t>();
+  return m;
+}
+
+EvalMetrics eval_from_json(const json& j) {
+  EvalMetrics m;
+  m.step = j.at("step").get<int64_t>();
+  m.loss = j.at("val_loss").get<double>();
+  m.nats_per_byte = j.at("val_nats_per_byte").get<double>();
+  m.seconds = j.value("seconds", 0.0);
+  return m;
+}
+
+nn::TransformerConfig model_config(const TrainConfig& config, int64_t vocab_size) {
+  nn::TransformerConfig c;
+  if (config.model == "tiny" || config.model == "model-s" || config.model == "model-m") {
+    c = nn::TransformerConfig::preset(config.model, vocab_size);
+    c.model_type = config.model_type;
+    c.attention_bias = config.model_type == "qwen2";
+    c.qk_norm = config.model_type == "qwen3";
+  } else {
+    c = load_hf_config(config.model);
+    MICROLLM_CHECK(c.vocab_size >= vocab_size, ValueError, "train", config.model, " has vocab_size ", c.vocab_size,
+                   " but the token files use ids up to ", vocab_size - 1);
+  }
+  return c;
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+  config_.validate();
+  if (config_.threads > 0) set_num_threads(config_.threads);
+  device_ = Device::parse(config_.device);
+  MICROLLM_CHECK(!device_.is_cuda() || device_.index < cuda_device_count(), DeviceError, "train", "device ",
+                 config_.device, " is not available (", cuda_device_count(), " CUDA devices)");
+  compute_dtype_ = config_.precision == "bf16-mixed" ? DType::bf16 : DType::f32;
+  train_file_ = std::make_unique<TokenFile>(TokenFile::open(config_.train_data));
+  const auto vocab = static_cast<int64_t>(train_file_->info().vocab_size);
+  if (!config_.val_data.empty()) {
+    val_file_ = std::make_unique<TokenFile>(TokenFile::open(config_.val_data));
+    MICROLLM_CHECK(val_file_->info().vocab_size == train_file_->info().vocab_size, ValueError, "train",
+                   config_.val_data, " has vocab size ", val_file_->info().vocab_size, " but ", config_.train_data,
+                   " has ", vocab);
+    if (config_.eval_batches > 0) {
+      val_batches_ = validation_batches(*val_file_, config_.batch_size, config_.seq_len, config_.eval_batches);
+      for (Batch& b : val_batches_) b = {b.ids.to(device_), b.targets.to(device_)};
+    }
+  }
+  model_ = std::make_unique<nn::TransformerLM>(model_config(config_, vocab), config_.seed);
+  model_->to(device_);
+  OptimizerConfig oc;
+  oc.type = config_.optimizer;
+  oc.beta1 = config_.beta1, oc.beta2 = config_.beta2, oc.eps = config_.eps;
+  oc.weight_decay = config_.weight_decay, oc.momentum = config_.momentum;
+  oc.state_dtype = parse_dtype(config_.optimizer_dtype);
+  optimizer_ = std::make_unique<Optimizer>(model_->named_parameters(), oc);
+  // The sampler's stream differs from the initialization's (which used Generator(seed)).
+  sampler_ = std::make_unique<BatchSampler>(*train_file_, config_.batch_size, config_.seq_len,
+                                            config_.seed ^ 0x5851F42D4C957F2Dull);
+  schedule_ = config_.lr_schedule();
+  const std::string dir = config_.resolved_checkpoint_dir();
+  if (config_.resume && fs::exists(fs::path(dir) / "trainer_state.json")) {
+    load_checkpoint(dir);
+    resumed_ = true;
+  }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::train_step() {
+  nn::ForwardContext ctx;
+  ctx.compute_dtype = compute_dtype_;
+  optimizer_->zero_grad();
+  for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    const Batch batch = sampler_->next();
+    const Tensor ids = batch.ids.to(device_), targets = batch.targets.to(device_);
+    const autograd::Variable loss = model_->loss(ids, targets, ctx);
+    // Each micro-batch's mean loss weighs 1 / grad_accum: the gradients add up to those of the mean
+    // over every micro-batch.
+    (config_.grad_accum > 1 ? autograd::scale(loss, 1.0 / static_cast<double>(config_.grad_accum)) : loss).backward();
+    loss_sum_ = loss_sum_.defined() ? add(loss_sum_, loss.value()) : loss.value();
+    ++loss_count_;
+    tokens_ += config_.batch_size * config_.seq_len;
+  }
+  const std::vector<nn::ParameterInfo>& params = optimizer_->parameters();
+  last_grad_norm_ = gradient_norm(params);
+  const Tensor scale = config_.clip > 0 ? clip_coefficient(last_grad_norm_, config_.clip) : Tensor();
+  optimizer_->step(schedule_.at(optimizer_->steps()), scale);
+  optimizer_->zero_grad();
+}
+
+EvalMetrics Trainer::evaluate() {
+  const double start = now_seconds();
+  EvalMetrics m;
+  m.step = step();
+  if (val_batches_.empty()) return m;
+  autograd::NoGradGuard no_grad;
+  nn::ForwardContext ctx;
+  ctx.compute_dtype = compute_dtype_;
+  Tensor sum;
+  for (const Batch& b : val_batches_) {
+    const Tensor loss = model_->loss(b.ids, b.targets, ctx).value();
+    sum = sum.defined() ? add(sum, loss) : loss;
+  }
+  m.loss = sum.item<double>() / static_cast<double>(val_batches_.size());
+  m.nats_per_byte = m.loss / val_file_->bytes_per_token();
+  m.seconds = now_seconds() - start;
+  return m;
+}
+
+StepMetrics Trainer::flush_log() {
+  StepMetrics m;
+  m.step = step();
+  m.lr = schedule_.at(std::max<int64_t>(0, step() - 1));
+  m.loss = loss_count_ > 0 ? loss_sum_.item<double>() / static_cast<double>(loss_count_) : 0;  // waits for the device
+  m.grad_norm = last_grad_norm_.defined() ? last_grad_norm_.item<double>() : 0;
+  const double now = now_seconds();
+  m.tokens = tokens_;
+  m.tokens_per_second = static_cast<double>(tokens_ - tokens_at_log_) / std::max(1e-9, now - log_clock_);
+  m.elapsed_seconds = seconds_before_ + (now - run_clock_);
+  log_clock_ = now;
+  tokens_at_log_ = tokens_;
+  loss_sum_ = Tensor();
+  loss_count_ = 0;
+  return m;
+}
+
+void Trainer::write_metrics_line(const std::string& line) {
+  std::ofstream out(fs::path(config_.out_dir) / "metrics.jsonl", std::ios::app);
+  if (!out) throw IoError(config_.out_dir, "cannot append to metrics.jsonl");
+  out << line << "\n";
+}
+
+void Trainer::write_loss_curve() const {
+  Series train{"train loss", "#1f77b4", {}}, val{"val loss", "#d62728", {}};
+  for (const StepMetrics& m : train_history_) train.points.emplace_back(static_cast<double>(m.step), m.loss);
+  for (const EvalMetrics& m : eval_history_) val.points.emplace_back(static_cast<double>(m.step), m.loss);
+  const std::string title = str_cat(config_.model, " on ", fs::path(config_.train_data).filename().string());
+  io::write_text_atomically((fs::path(config_.out_dir) / "loss.svg").string(),
+                            line_chart_svg({train, val}, title, "step", "loss (nats/token)"));
+}
+
+TrainResult Trainer::run(const TrainCallbacks& callbacks) {
+  SigintGuard sigint;
+  clear_interrupt();
+  fs::create_directories(config_.out_dir);
+  {  // metrics.jsonl holds this run's history: rewritten from the checkpoint's when resuming
+    std::ofstream out(fs::path(config_.out_dir) / "metrics.jsonl", std::ios::trunc);
+    if (!out) throw IoError(config_.out_dir, "cannot write metrics.jsonl");
+    for (const StepMetrics& m : train_history_) out << step_json(m).dump() << "\n";
+    for (const EvalMetrics& m : eval_history_) out << eval_json(m).dump() << "\n";
+  }
+  TrainResult result;
+  const std::string dir = config_.resolved_checkpoint_dir();
+  run_clock_ = log_clock_ = now_seconds();
+  tokens_at_log_ = tokens_;
+  auto log = [&]() {
+    const StepMetrics m = flush_log();
+    train_history_.push_back(m);
+    write_metrics_line(step_json(m).dump());
+    if (callbacks.on_log) callbacks.on_log(m);
+  };
+  auto eval = [&]() {
+    if (val_batches_.empty()) return;
+    const EvalMetrics m = evaluate();
+    eval_history_.push_back(m);
+    result.last_eval = m;
+    write_metrics_line(eval_json(m).dump());
+    if (callbacks.on_eval) callbacks.on_eval(m);
+  };
+  auto save = [&]() {
+    save_checkpoint(dir);
+    result.checkpoint_dir = dir;
+    if (callbacks.on_checkpoint) callbacks.on_checkpoint(dir);
+  };
+  while (step() < config_.steps) {
+    train_step();
+    const int64_t s = step();
+    if (callbacks.on_step) callbacks.on_step(s);
+    const bool last = s == config_.steps;
+    if (s % config_.log_interval == 0 || last) log();
+    if ((config_.eval_interval > 0 && s % config_.eval_interval == 0) || last) eval();
+    if (interrupt_requested()) {
+      if (loss_count_ > 0) log();
+      save();
+      result.interrupted = true;
+      break;
+    }
+    if (last || (config_.checkpoint_interval > 0 && s % config_.checkpoint_interval == 0)) save();
+  }
+  result.steps = step();
+  result.seconds = now_seconds() - run_clock_;
+  if (!result.last_eval && !eval_history_.empty()) result.last_eval = eval_history_.back();
+  write_loss_curve();
+  clear_interrupt();
+  return result;
+}
+
+void Trainer::save_checkpoint(const std::string& dir) {
+  const double elapsed = seconds_before_ + (run_clock_ > 0 ? now_seconds() - run_clock_ : 0);
+  write_directory_atomically(dir, [&](const std::string& tmp) {
+    save_hf_model(tmp, *model_);
+    io::save_safetensors((fs::path(tmp) / "optimizer.safetensors").string(), optimizer_->state(),
+                         {{"optimizer", config_.optimizer}, {"step", std::to_string(step())}});
+    json state;
+    state["format"] = "microllm-trainer-state";
+    state["version"] = 1;
+    state["step"] = step();
+    state["tokens"] = tokens_;
+    state["seconds"] = elapsed;
+    state["generators"] = {{"sampler", {{"seed", sampler_->generator().seed()}, {"offset", sampler_->generator().offset()}}}};
+    state["data"] = {{"train", config_.train_data},
+                     {"val", config_.val_data},
+                     {"batches_drawn", sampler_->batches_drawn()},
+                     {"tokenizer", train_file_->info().tokenizer}};
+    state["config"] = json::parse(config_.to_json());
+    state["schedule"] = {{"lr", schedule_.lr},
+                         {"warmup_steps", schedule_.warmup_steps},
+                         {"total_steps", schedule_.total_steps},
+                         {"decay", decay_name(schedule_.decay)},
+                         {"min_ratio", schedule_.min_ratio}};
+    json train = json::array(), val = json::array();
+    for (const StepMetrics& m : train_history_) train.push_back(step_json(m));
+    for (const EvalMetrics& m : eval_history_) val.push_back(eval_json(m));
+    state["metrics"] = {{"train", train}, {"eval", val}};
+    io::write_text_atomically((fs::path(tmp) / "trainer_state.json").string(), state.dump(2) + "\n");
+    if (!config_.tokenizer.empty()) {  // so that generate (and transformers) decode with the same tokenizer
+      const fs::path source = fs::is_directory(config_.tokenizer) ? fs::path(config_.tokenizer) / "tokenizer.json"
+                                                                  : fs::path(config_.tokenizer);
+      fs::copy_file(source, fs::path(tmp) / "tokenizer.json", fs::copy_options::overwrite_existing);
+      const fs::path tokenizer_config = source.parent_path() / "tokenizer_config.json";
+      if (fs::exists(tokenizer_config)) {
+        fs::copy_file(tokenizer_config, fs::path(tmp) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+      }
+    }
+  });
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  json state;
+  try {
+    state = json::parse(io::read_text_file(state_path));
+  } catch (const json::parse_error& e) {
+    throw ParseError(state_path, str_cat("not JSON: ", e.what()));
+  }
+  // The checkpoint's model must be this model.
+  const nn::TransformerConfig saved = load_hf_config(dir);
+  MICROLLM_CHECK(hf_config_json(saved) == hf_config_json(model_->config()), ValueError, dir,
+                 "the checkpoint's config.json describes another model than this config builds");
+  try {
+    load_model_weights(*model_, dir);
+    const io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+    optimizer_->load_state([&](const std::string& name) { return opt.get(name); });
+    const int64_t saved_step = state.at("step").get<int64_t>();
+    MICROLLM_CHECK(saved_step == optimizer_->steps(), ParseError, state_path, "step ", saved_step,
+                   " differs from the optimizer's ", optimizer_->steps());
+    const json& gen = state.at("generators").at("sampler");
+    sampler_->set_state(gen.at("seed").get<uint64_t>(), gen.at("offset").get<uint64_t>(),
+                        state.at("data").at("batches_drawn").get<int64_t>());
+    tokens_ = state.at("tokens").get<int64_t>();
+    seconds_before_ = state.value("seconds", 0.0);
+    train_history_.clear();
+    eval_history_.clear();
+    for (const json& m : state.at("metrics").at("train")) train_history_.push_back(step_from_json(m));
+    for (const json& m : state.at("metrics").at("eval")) eval_history_.push_back(eval_from_json(m));
+  } catch (const json::exception& e) {
+    throw ParseError(state_path, str_cat("malformed trainer state: ", e.what()));
+  }
+}
+
+}  // namespace microllm::train

@@ -1,0 +1,236 @@
+// The trainer, on every device: exact resume (N steps straight == k steps + SIGINT checkpoint + resume +
+// N - k steps, byte for byte), gradient accumulation (2 micro-batches of B == 1 batch of 2B), the
+// checkpoint's files (Hugging Face names and config, optimizer state, trainer state), the config JSON,
+// and metrics/loss-curve outputs.
+#include "microllm/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "microllm/io/atomic_file.h"
+#include "microllm/io/safetensors.h"
+#include "microllm/train/checkpoint.h"
+#include "microllm/train/hf_config.h"
+#include "test_support.h"
+
+namespace microllm::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    std::string name = "microllm_trainer_test_" + std::to_string(::getpid()) + "_" +
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // parameterized names hold a '/'
+    root_ = (fs::temp_directory_path() / name).string();
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += "And God said, Let there be light: and there was light. " + std::to_string(i) + "\n";
+    io::write_text_atomically(root_ + "/corpus.txt", text);
+    PrepareOptions options;
+    options.inputs = {root_ + "/corpus.txt"};
+    options.output = root_ + "/corpus";
+    options.block_tokens = 1024;
+    options.val_fraction = 0.1;
+    prepare_token_files(options);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  TrainConfig config(const std::string& name) const {
+    TrainConfig c;
+    c.model = "tiny";
+    c.train_data = root_ + "/corpus.train.bin";
+    c.val_data = root_ + "/corpus.val.bin";
+    c.batch_size = 4;
+    c.seq_len = 32;
+    c.steps = 6;
+    c.lr = 3e-3;
+    c.warmup_steps = 2;
+    c.eval_interval = 2;
+    c.eval_batches = 2;
+    c.log_interval = 2;
+    c.out_dir = root_ + "/" + name;
+    c.device = GetParam().str();
+    c.seed = 5;
+    return c;
+  }
+
+  std::string root_;
+};
+
+std::vector<std::vector<uint8_t>> weight_bytes(nn::TransformerLM& model) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const auto& p : model.named_parameters()) {
+    const Tensor host = p.variable->value().to(Device::cpu()).contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
+    out.emplace_back(bytes, bytes + host.nbytes());
+  }
+  return out;
+}
+
+TEST_P(TrainerTest, ResumeAfterSigintIsExact) {
+  MICROLLM_SKIP_IF_UNAVAILABLE(GetParam());
+  for (const char* optimizer_dtype : {"f32", "bf16"}) {
+    SCOPED_TRACE(optimizer_dtype);
+    TrainConfig straight_config = config(std::string("straight_") + optimizer_dtype);
+    straight_config.optimizer_dtype = optimizer_dtype;
+    Trainer straight(straight_config);
+    const TrainResult full = straight.run();
+    EXPECT_EQ(full.steps, 6);
+    EXPECT_FALSE(full.interrupted);
+
+    TrainConfig split_config = config(std::string("split_") + optimizer_dtype);
+    split_config.optimizer_dtype = optimizer_dtype;
+    split_config.checkpoint_interval = 2;
+    TrainResult first;
+    {
+      Trainer trainer(split_config);
+      TrainCallbacks callbacks;
+      callbacks.on_step = [](int64_t step) {
+        if (step == 3) std::raise(SIGINT);  // what Ctrl-C does; the handler only sets a flag
+      };
+      first = trainer.run(callbacks);
+    }
+    EXPECT_TRUE(first.interrupted);
+    EXPECT_EQ(first.steps, 3);
+    const std::string dir = split_config.resolved_checkpoint_dir();
+    for (const char* file : {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}) {
+      EXPECT_TRUE(fs::exists(fs::path(dir) / file)) << file;
+    }
+    split_config.resume = true;
+    Trainer resumed(split_config);
+    EXPECT_TRUE(resumed.resumed());
+    EXPECT_EQ(resumed.step(), 3);
+    const TrainResult rest = resumed.run();
+    EXPECT_EQ(rest.steps, 6);
+    EXPECT_EQ(weight_bytes(resumed.model()), weight_bytes(straight.model())) << "resumed weights differ";
+    ASSERT_TRUE(rest.last_eval && full.last_eval);
+    EXPECT_EQ(rest.last_eval->loss, full.last_eval->loss);
+    // A finished run resumed again does nothing.
+    Trainer done(split_config);
+    EXPECT_EQ(done.run().steps, 6);
+  }
+}
+
+TEST_P(TrainerTest, TwoMicroBatchesEqualOneDoubleBatch) {
+  MICROLLM_SKIP_IF_UNAVAILABLE(GetParam());
+  // The sampler draws window starts one after another, so 2 x B windows equal 2B windows.
+  TrainConfig a = config("accumulated"), b = config("double");
+  a.grad_accum = 2;
+  b.batch_size = 8;
+  a.steps = b.steps = 3;
+  Trainer ta(a), tb(b);
+  ta.run();
+  tb.run();
+  auto pa = ta.model().named_parameters(), pb = tb.model().named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_LE(testing::relative_error(pa[i].variable->value(), pb[i].variable->value()), 1e-5) << pa[i].name;
+  }
+  // And differ from one step of a single micro-batch.
+  TrainConfig c = config("single");
+  c.steps = 3;
+  Trainer tc(c);
+  tc.run();
+  EXPECT_GT(testing::relative_error(tc.model().named_parameters()[0].variable->value(), pb[0].variable->value()), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, TrainerTest, ::testing::ValuesIn(testing::test_devices()), testing::device_test_name);
+
+class TrainerFilesTest : public TrainerTest {};
+
+TEST_P(TrainerFilesTest, CheckpointHoldsHuggingFaceFilesStateAndMetrics) {
+  TrainConfig c = config("files");
+  c.model_type = "qwen3";
+  c.precision = "bf16-mixed";
+  c.steps = 4;
+  Trainer trainer(c);
+  std::vector<double> losses;
+  TrainCallbacks callbacks;
+  callbacks.on_log = [&](const StepMetrics& m) { losses.push_back(m.loss); };
+  const TrainResult r = trainer.run(callbacks);
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_LT(losses.back(), std::log(256.0) + 0.1);
+  const std::string dir = c.resolved_checkpoint_dir();
+  const io::SafetensorsFile model = io::SafetensorsFile::open(dir + "/model.safetensors");
+  EXPECT_EQ(model.metadata().at("format"), "pt");
+  EXPECT_TRUE(model.contains("model.layers.0.self_attn.q_norm.weight"));
+  EXPECT_TRUE(model.contains("lm_head.weight") == !trainer.model().config().tie_word_embeddings);
+  EXPECT_EQ(model.info("model.embed_tokens.weight").dtype, DType::f32);
+  const nlohmann::json hf = nlohmann::json::parse(io::read_text_file(dir + "/config.json"));
+  EXPECT_EQ(hf["model_type"], "qwen3");
+  EXPECT_EQ(hf["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(hf["num_hidden_layers"], 5);
+  EXPECT_EQ(hf["head_dim"], 32);
+  const io::SafetensorsFile opt = io::SafetensorsFile::open(dir + "/optimizer.safetensors");
+  EXPECT_TRUE(opt.contains("exp_avg.model.embed_tokens.weight"));
+  EXPECT_TRUE(opt.contains("exp_avg_sq.model.norm.weight"));
+  EXPECT_EQ(opt.get("step").item<int64_t>(), 4);
+  const nlohmann::json state = nlohmann::json::parse(io::read_text_file(dir + "/trainer_state.json"));
+  EXPECT_EQ(state["step"], 4);
+  EXPECT_EQ(state["config"]["precision"], "bf16-mixed");
+  EXPECT_EQ(state["data"]["batches_drawn"], 4);
+  EXPECT_EQ(state["metrics"]["eval"].size(), 2u);
+  EXPECT_EQ(state["schedule"]["decay"], "cosine");
+  EXPECT_TRUE(state["generators"]["sampler"].contains("offset"));
+  // metrics.jsonl: one line per log and per evaluation; the loss curve is an SVG.
+  const std::string metrics = io::read_text_file(c.out_dir + "/metrics.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 4);
+  EXPECT_NE(io::read_text_file(c.out_dir + "/loss.svg").find("<polyline"), std::string::npos);
+  // The checkpoint loads back as a model with the same weights.
+  auto loaded = load_hf_model(dir);
+  EXPECT_EQ(weight_bytes(*loaded), [&] {
+    trainer.model().to(Device::cpu());
+    return weight_bytes(trainer.model());
+  }());
+  ASSERT_TRUE(r.last_eval);
+  EXPECT_NEAR(r.last_eval->nats_per_byte, r.last_eval->loss, 1e-12);  // bytes: one token a byte
+}
+
+TEST_P(TrainerFilesTest, ConfigJsonRoundTripsAndRejectsUnknownFields) {
+  TrainConfig c = config("json");
+  c.optimizer = "sgd";
+  c.clip = 0.5;
+  const TrainConfig back = TrainConfig::from_json(c.to_json());
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_THROW(TrainConfig::from_json(R"({"stpes": 10})"), ParseError);
+  EXPECT_THROW(TrainConfig::from_json(R"({"steps": "ten"})"), ParseError);
+  const TrainConfig data = TrainConfig::from_json(R"({"data": "runs/kjv.bin", "steps": 7})");
+  EXPECT_EQ(data.train_data, "runs/kjv.train.bin");
+  EXPECT_EQ(data.val_data, "runs/kjv.val.bin");
+  EXPECT_EQ(data.steps, 7);
+  TrainConfig bad = c;
+  bad.precision = "fp8";
+  EXPECT_THROW(bad.validate(), ValueError);
+}
+
+TEST_P(TrainerFilesTest, AtomicDirectoryWriteKeepsTheOldCheckpointWhenTheNewOneFails) {
+  const std::string dir = root_ + "/ckpt";
+  write_directory_atomically(dir, [](const std::string& tmp) { io::write_text_atomically(tmp + "/a.txt", "one"); });
+  EXPECT_EQ(io::read_text_file(dir + "/a.txt"), "one");
+  EXPECT_THROW(write_directory_atomically(dir,
+                                          [](const std::string& tmp) {
+                                            io::write_text_atomically(tmp + "/a.txt", "two");
+                                            throw IoError("test", "disk full");
+                                          }),
+               IoError);
+  EXPECT_EQ(io::read_text_file(dir + "/a.txt"), "one");
+  write_directory_atomically(dir, [](const std::string& tmp) { io::write_text_atomically(tmp + "/b.txt", "three"); });
+  EXPECT_FALSE(fs::exists(dir + "/a.txt"));
+  EXPECT_EQ(io::read_text_file(dir + "/b.txt"), "three");
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    EXPECT_EQ(entry.path().filename().string().find("ckpt.tmp"), std::string::npos) << "leftover " << entry.path();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, TrainerFilesTest, ::testing::Values(Device::cpu()), testing::device_test_name);
+
+}  // namespace
+}  // namespace microllm::train
