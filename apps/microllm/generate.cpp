@@ -1,6 +1,8 @@
 // `microllm generate`: sample text from a trained checkpoint (or a Hugging Face model directory of a
 // supported family) with the KV cache, streaming tokens as they come.
 //   microllm generate --checkpoint data/runs/tiny/checkpoint --prompt "In the beginning" --max-tokens 200
+#include "microllm/generate/generate.h"
+
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -8,7 +10,6 @@
 
 #include "commands.h"
 #include "microllm/core/threads.h"
-#include "microllm/generate/generate.h"
 #include "microllm/tokenizer/tokenizer.h"
 #include "microllm/train/checkpoint.h"
 #include "microllm/train/data.h"
@@ -32,10 +33,12 @@ void run_generate(const GenerateCliOptions& o) {
   const Device device = Device::parse(o.device);
   model->to(device);
   std::optional<Tokenizer> hf;
-  if (std::filesystem::exists(std::filesystem::path(o.checkpoint) / "tokenizer.json")) hf = Tokenizer::load(o.checkpoint);
+  if (std::filesystem::exists(std::filesystem::path(o.checkpoint) / "tokenizer.json"))
+    hf = Tokenizer::load(o.checkpoint);
   const train::ByteTokenizer bytes;
   std::vector<int32_t> prompt = hf ? hf->encode(o.prompt) : bytes.encode(o.prompt);
-  if (prompt.empty() && model->config().bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
+  if (prompt.empty() && model->config().bos_token_id >= 0)
+    prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
   MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty");
   generate::GenerateOptions options;
   options.max_new_tokens = o.max_tokens;
@@ -74,6 +77,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", o->sampling.top_p, "Keep the smallest set with this probability mass (1: all)");
   cmd->add_option("--min-p", o->sampling.min_p, "Keep tokens at least this fraction as likely as the best");
   cmd->add_option("--repetition-penalty", o->sampling.repetition_penalty, "Demote tokens already seen (1: off)");
+  cmd->add_option("--presence-penalty", o->sampling.presence_penalty, "Subtract from the logits of seen tokens");
+  cmd->add_option("--frequency-penalty", o->sampling.frequency_penalty, "Subtract per occurrence of a seen token");
   cmd->add_option("--seed", o->sampling.seed, "Sampling seed (the same seed gives the same text)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--dtype", o->dtype, "Compute dtype: f32 or bf16");

@@ -25,6 +25,7 @@ void register_prepare(CLI::App& app) {
               << r.tokenizer << ", vocab " << r.vocab_size << ")\n"
               << "  " << r.train_path << ": " << r.train_tokens << " tokens\n"
               << "  " << r.val_path << ": " << r.val_tokens << " tokens\n";
+    if (!r.tokenizer_copy.empty()) std::cout << "  " << r.tokenizer_copy << ": the tokenizer, for training\n";
   });
 }
 

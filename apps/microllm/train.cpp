@@ -5,7 +5,6 @@
 // On a terminal a progress bar shows step, loss, lr, tokens/s and the ETA; otherwise one line per log.
 // Ctrl-C saves a checkpoint after the current step and exits; --resume continues from it.
 #include <malloc.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "microllm/core/threads.h"
@@ -45,7 +45,8 @@ std::string format_duration(double seconds) {
     std::snprintf(buffer, sizeof(buffer), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
                   static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
   } else {
-    std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+    std::snprintf(buffer, sizeof(buffer), "%lld:%02lld", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
   }
   return buffer;
 }
@@ -102,9 +103,10 @@ void run_train(const TrainCliOptions& o) {
             << ", batch " << config.batch_size << "x" << config.seq_len << " x" << config.grad_accum << ", "
             << config.steps << " steps, lr " << config.lr << " (" << config.schedule << ", warmup "
             << config.warmup_steps << "), " << num_threads() << " CPU threads\n";
-  if (trainer.resumed()) std::cout << "train: resumed from " << config.resolved_checkpoint_dir() << " at step " << trainer.step() << "\n";
-  std::cout << "train: writing " << config.out_dir << "/metrics.jsonl, loss.svg and " << config.resolved_checkpoint_dir()
-            << "/ (Ctrl-C saves a checkpoint and stops)" << std::endl;
+  if (trainer.resumed())
+    std::cout << "train: resumed from " << config.resolved_checkpoint_dir() << " at step " << trainer.step() << "\n";
+  std::cout << "train: writing " << config.out_dir << "/metrics.jsonl, loss.svg and "
+            << config.resolved_checkpoint_dir() << "/ (Ctrl-C saves a checkpoint and stops)" << std::endl;
 
   const int64_t start_step = trainer.step();
   train::StepMetrics last;
@@ -120,10 +122,12 @@ void run_train(const TrainCliOptions& o) {
     const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(config.steps, 1));
     std::string line = "\r[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "] ";
     char buffer[160];
-    std::snprintf(buffer, sizeof(buffer), "step %lld/%lld", static_cast<long long>(step), static_cast<long long>(config.steps));
+    std::snprintf(buffer, sizeof(buffer), "step %lld/%lld", static_cast<long long>(step),
+                  static_cast<long long>(config.steps));
     line += buffer;
     if (have_last) {
-      std::snprintf(buffer, sizeof(buffer), "  loss %.4f  lr %.2e  %.0f tok/s", last.loss, last.lr, last.tokens_per_second);
+      std::snprintf(buffer, sizeof(buffer), "  loss %.4f  lr %.2e  %.0f tok/s", last.loss, last.lr,
+                    last.tokens_per_second);
       line += buffer;
     }
     line += "  ETA " + format_duration(eta(step)) + "   ";
@@ -142,7 +146,8 @@ void run_train(const TrainCliOptions& o) {
     } else {
       std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  elapsed %s  ETA %s\n",
                   static_cast<long long>(m.step), static_cast<long long>(config.steps), m.loss, m.lr, m.grad_norm,
-                  m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(), format_duration(eta(m.step)).c_str());
+                  m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(),
+                  format_duration(eta(m.step)).c_str());
       std::fflush(stdout);
     }
   };
@@ -161,7 +166,8 @@ void run_train(const TrainCliOptions& o) {
   std::cout << (result.interrupted ? "train: interrupted at step " : "train: done, step ") << result.steps << " in "
             << format_duration(result.seconds) << " (" << result.seconds << " s)";
   if (result.last_eval) std::cout << ", val loss " << result.last_eval->nats_per_byte << " nats/byte";
-  std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir << std::endl;
+  std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir
+            << std::endl;
 }
 
 }  // namespace
@@ -169,7 +175,8 @@ void run_train(const TrainCliOptions& o) {
 void register_train(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from scratch (or resume) on prepared token files");
   auto o = std::make_shared<TrainCliOptions>();
-  cmd->add_option("--config", o->config_path, "JSON train config (fields of train::TrainConfig)")->check(CLI::ExistingFile);
+  cmd->add_option("--config", o->config_path, "JSON train config (fields of train::TrainConfig)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--preset", o->preset, "Model preset (tiny, model-s, model-m) or an HF config.json");
   cmd->add_option("--data", o->data, "Token file prefix from `microllm prepare` (PREFIX.train.bin, PREFIX.val.bin)");
   cmd->add_option("--out", o->out, "Output directory: metrics.jsonl, loss.svg, checkpoint/");

@@ -28,7 +28,8 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
   Sampler sampler(options.sampling);
   std::vector<int32_t> history = prompt, generated;
   std::vector<int64_t> step_ids(prompt.begin(), prompt.end());
-  while (static_cast<int64_t>(generated.size()) < options.max_new_tokens && cache.length() + static_cast<int64_t>(step_ids.size()) <= capacity) {
+  while (static_cast<int64_t>(generated.size()) < options.max_new_tokens &&
+         cache.length() + static_cast<int64_t>(step_ids.size()) <= capacity) {
     const Tensor ids = Tensor::from_vector(step_ids, {1, static_cast<int64_t>(step_ids.size())}, device);
     const Tensor logits = model.forward(ids, ctx).value();  // [1, T, vocab]
     const std::vector<float> last =

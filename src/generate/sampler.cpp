@@ -26,15 +26,17 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const auto vocab = static_cast<int64_t>(logits.size());
   MICROLLM_CHECK(vocab > 0, ValueError, "sampler", "empty logits");
   std::vector<double> x(logits.begin(), logits.end());
-  if (params_.repetition_penalty != 1.0) {
-    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+  if (params_.repetition_penalty != 1.0 || params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
+    std::vector<int64_t> count(static_cast<size_t>(vocab), 0);
     for (int32_t id : history) {
-      if (id >= 0 && id < vocab) seen[static_cast<size_t>(id)] = true;
+      if (id >= 0 && id < vocab) ++count[static_cast<size_t>(id)];
     }
     for (int64_t v = 0; v < vocab; ++v) {
-      if (!seen[static_cast<size_t>(v)]) continue;
+      const int64_t n = count[static_cast<size_t>(v)];
+      if (n == 0) continue;
       double& l = x[static_cast<size_t>(v)];
       l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+      l -= params_.presence_penalty + params_.frequency_penalty * static_cast<double>(n);
     }
   }
   if (params_.temperature == 0) {  // greedy: the first maximum
@@ -43,7 +45,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   // Candidates sorted by logit (ties: lower id first), then truncated by top-k, min-p and top-p.
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[static_cast<size_t>(a)] > x[static_cast<size_t>(b)]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return x[static_cast<size_t>(a)] > x[static_cast<size_t>(b)]; });
   size_t keep = order.size();
   if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
   const double max_logit = x[static_cast<size_t>(order[0])] / params_.temperature;

@@ -9,8 +9,8 @@ namespace microllm::nn {
 
 namespace ag = autograd;
 
-Tensor init_normal(const Shape& shape, Generator& gen, double std) {
-  return Tensor::randn(shape, gen, DType::f32, Device::cpu(), 0, std);
+Tensor Initializer::normal(const Shape& shape) {
+  return random_ ? Tensor::randn(shape, gen_, DType::f32, Device::cpu(), 0, std_) : Tensor::empty(shape, DType::f32);
 }
 
 // The parameter as the forward computes with it: cast to the compute dtype (a differentiable cast, so
@@ -19,17 +19,17 @@ static Variable as_compute(const Variable& parameter, const ForwardContext& ctx)
   return ag::cast(parameter, ctx.compute_dtype);
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std) {
-  weight_ = &register_parameter("weight", init_normal({out_features, in_features}, gen, init_std));
-  if (bias) bias_ = &register_parameter("bias", Tensor::zeros({out_features}), /*weight_decay=*/false);
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init) {
+  weight_ = &register_parameter("weight", init.normal({out_features, in_features}));
+  if (bias) bias_ = &register_parameter("bias", Initializer::zeros({out_features}), /*weight_decay=*/false);
 }
 
 Variable Linear::forward(const Variable& x, const ForwardContext& ctx) const {
   return ag::linear(x, as_compute(*weight_, ctx), bias_ ? as_compute(*bias_, ctx) : Variable());
 }
 
-Embedding::Embedding(int64_t vocab, int64_t dim, Generator& gen, double init_std) {
-  weight_ = &register_parameter("weight", init_normal({vocab, dim}, gen, init_std), /*weight_decay=*/false);
+Embedding::Embedding(int64_t vocab, int64_t dim, Initializer& init) {
+  weight_ = &register_parameter("weight", init.normal({vocab, dim}), /*weight_decay=*/false);
 }
 
 Variable Embedding::forward(const Tensor& ids, const ForwardContext& ctx) const {
@@ -37,7 +37,7 @@ Variable Embedding::forward(const Tensor& ids, const ForwardContext& ctx) const 
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) {
-  weight_ = &register_parameter("weight", Tensor::ones({dim}), /*weight_decay=*/false);
+  weight_ = &register_parameter("weight", Initializer::ones({dim}), /*weight_decay=*/false);
 }
 
 Variable RMSNorm::forward(const Variable& x, const ForwardContext& ctx) const {
@@ -49,13 +49,13 @@ std::pair<Variable, Variable> RMSNorm::forward_residual(const Variable& x, const
   return ag::rms_norm_residual(x, residual, as_compute(*weight_, ctx), eps_);
 }
 
-Attention::Attention(const AttentionConfig& config, int layer_index, Generator& gen, double init_std)
+Attention::Attention(const AttentionConfig& config, int layer_index, Initializer& init)
     : config_(config), layer_index_(layer_index) {
   const int64_t q_dim = config.num_heads * config.head_dim, kv_dim = config.num_kv_heads * config.head_dim;
-  q_proj_ = &register_module("q_proj", std::make_unique<Linear>(config.hidden_size, q_dim, config.qkv_bias, gen, init_std));
-  k_proj_ = &register_module("k_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, gen, init_std));
-  v_proj_ = &register_module("v_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, gen, init_std));
-  o_proj_ = &register_module("o_proj", std::make_unique<Linear>(q_dim, config.hidden_size, false, gen, init_std));
+  q_proj_ = &register_module("q_proj", std::make_unique<Linear>(config.hidden_size, q_dim, config.qkv_bias, init));
+  k_proj_ = &register_module("k_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, init));
+  v_proj_ = &register_module("v_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, init));
+  o_proj_ = &register_module("o_proj", std::make_unique<Linear>(q_dim, config.hidden_size, false, init));
   if (config.qk_norm) {
     q_norm_ = &register_module("q_norm", std::make_unique<RMSNorm>(config.head_dim, config.rms_norm_eps));
     k_norm_ = &register_module("k_norm", std::make_unique<RMSNorm>(config.head_dim, config.rms_norm_eps));
@@ -87,10 +87,10 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   return o_proj_->forward(out, ctx);
 }
 
-Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, Generator& gen, double init_std) {
-  gate_proj_ = &register_module("gate_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, gen, init_std));
-  up_proj_ = &register_module("up_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, gen, init_std));
-  down_proj_ = &register_module("down_proj", std::make_unique<Linear>(intermediate_size, hidden_size, false, gen, init_std));
+Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init) {
+  gate_proj_ = &register_module("gate_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
+  up_proj_ = &register_module("up_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
+  down_proj_ = &register_module("down_proj", std::make_unique<Linear>(intermediate_size, hidden_size, false, init));
 }
 
 Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
@@ -98,12 +98,12 @@ Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
 }
 
 DecoderLayer::DecoderLayer(const AttentionConfig& attention, int64_t intermediate_size, int layer_index,
-                           Generator& gen, double init_std) {
+                           Initializer& init) {
   input_layernorm_ = &register_module("input_layernorm", std::make_unique<RMSNorm>(attention.hidden_size, attention.rms_norm_eps));
-  self_attn_ = &register_module("self_attn", std::make_unique<Attention>(attention, layer_index, gen, init_std));
+  self_attn_ = &register_module("self_attn", std::make_unique<Attention>(attention, layer_index, init));
   post_attention_layernorm_ = &register_module(
       "post_attention_layernorm", std::make_unique<RMSNorm>(attention.hidden_size, attention.rms_norm_eps));
-  mlp_ = &register_module("mlp", std::make_unique<Mlp>(attention.hidden_size, intermediate_size, gen, init_std));
+  mlp_ = &register_module("mlp", std::make_unique<Mlp>(attention.hidden_size, intermediate_size, init));
 }
 
 Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) const {

@@ -82,23 +82,22 @@ class Container : public Module {
 };
 }  // namespace
 
-TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed) : config_(config) {
+TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, bool random_init) : config_(config) {
   config_.validate();
-  Generator gen(seed);
-  const double std = config_.initializer_range;
+  Initializer init(seed, config_.initializer_range, random_init);
   auto& model = register_module("model", std::make_unique<Container>());
-  embed_tokens_ = &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, gen, std));
+  embed_tokens_ = &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, init));
   auto& layers = model.add("layers", std::make_unique<Container>());
   const AttentionConfig attention{config_.hidden_size, config_.num_heads,       config_.num_kv_heads,
                                   config_.resolved_head_dim(), config_.attention_bias, config_.qk_norm,
                                   config_.rms_norm_eps, config_.rope};
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     layers_.push_back(&layers.add(std::to_string(i), std::make_unique<DecoderLayer>(
-                                                         attention, config_.intermediate_size, static_cast<int>(i), gen, std)));
+                                                         attention, config_.intermediate_size, static_cast<int>(i), init)));
   }
   norm_ = &model.add("norm", std::make_unique<RMSNorm>(config_.hidden_size, config_.rms_norm_eps));
   if (!config_.tie_word_embeddings) {
-    lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config_.hidden_size, config_.vocab_size, false, gen, std));
+    lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config_.hidden_size, config_.vocab_size, false, init));
   }
 }
 

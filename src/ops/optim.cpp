@@ -77,9 +77,9 @@ void check_decay(const char* op, const std::vector<Tensor>& params, const std::v
 
 }  // namespace
 
-void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) {
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                const std::vector<Tensor>& exp_avg_sq, const std::vector<double>& weight_decay,
+                const Tensor& grad_scale, const AdamWStep& step) {
   const char* op = "adamw_step";
   const Device device = check_params(op, params);
   const std::vector<Tensor> g = check_grads(op, params, grads);

@@ -32,7 +32,8 @@ bool exchange_paths(const std::string& a, const std::string& b) {
 }  // namespace
 
 void write_directory_atomically(const std::string& dir, const std::function<void(const std::string&)>& fill) {
-  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "runs/ckpt/" names runs/ckpt
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   fs::create_directories(parent);
   const std::string tmp = str_cat(target.string(), ".tmp-", ::getpid());

@@ -83,8 +83,8 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
 
 // ---- token files ----
 
-void write_token_file(const std::string& path, std::span<const int32_t> ids, uint64_t vocab_size,
-                      uint64_t text_bytes, const std::string& tokenizer) {
+void write_token_file(const std::string& path, std::span<const int32_t> ids, uint64_t vocab_size, uint64_t text_bytes,
+                      const std::string& tokenizer) {
   MICROLLM_CHECK(vocab_size > 0 && vocab_size <= (uint64_t{1} << 32), ValueError, path, "vocab size ", vocab_size,
                  " does not fit uint32 ids");
   const uint32_t id_bytes = vocab_size <= 65536 ? 2 : 4;
@@ -98,8 +98,8 @@ void write_token_file(const std::string& path, std::span<const int32_t> ids, uin
   std::memcpy(header + 40, tokenizer.data(), std::min(tokenizer.size(), kTokenizerField - 1));
   std::vector<uint8_t> body(ids.size() * id_bytes);
   for (size_t i = 0; i < ids.size(); ++i) {
-    MICROLLM_CHECK(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < vocab_size, ValueError, path, "id ", ids[i],
-                   " at ", i, " is outside the vocabulary of ", vocab_size);
+    MICROLLM_CHECK(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < vocab_size, ValueError, path, "id ", ids[i], " at ",
+                   i, " is outside the vocabulary of ", vocab_size);
     if (id_bytes == 2) {
       put<uint16_t>(body.data(), i * 2, static_cast<uint16_t>(ids[i]));
     } else {
@@ -153,9 +153,10 @@ TokenFile TokenFile::open(const std::string& path) {
   MICROLLM_CHECK(info.vocab_size > 0 && info.vocab_size <= (uint64_t{1} << (8 * info.id_bytes)), ParseError, path,
                  "vocab size ", info.vocab_size, " does not fit ", info.id_bytes, "-byte ids");
   info.count = get<uint64_t>(bytes, 24);
-  MICROLLM_CHECK(info.count <= (size - kHeaderBytes) / info.id_bytes && kHeaderBytes + info.count * info.id_bytes == size,
-                 ParseError, path, "the header says ", info.count, " ids of ", info.id_bytes, " bytes but the file has ",
-                 size - kHeaderBytes, " bytes after the header");
+  MICROLLM_CHECK(
+      info.count <= (size - kHeaderBytes) / info.id_bytes && kHeaderBytes + info.count * info.id_bytes == size,
+      ParseError, path, "the header says ", info.count, " ids of ", info.id_bytes, " bytes but the file has ",
+      size - kHeaderBytes, " bytes after the header");
   info.text_bytes = get<uint64_t>(bytes, 32);
   const char* name = reinterpret_cast<const char*>(bytes + 40);
   info.tokenizer.assign(name, strnlen(name, kTokenizerField));
@@ -278,8 +279,9 @@ PrepareResult prepare_token_files(const PrepareOptions& options) {
   const double f = options.val_fraction;
   const bool any_val = std::floor(static_cast<double>(blocks) * f + 0.5) > 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const bool val = (std::floor(static_cast<double>(b + 1) * f + 0.5) > std::floor(static_cast<double>(b) * f + 0.5)) ||
-                     (!any_val && f > 0 && blocks > 1 && b == blocks - 1);
+    const bool val =
+        (std::floor(static_cast<double>(b + 1) * f + 0.5) > std::floor(static_cast<double>(b) * f + 0.5)) ||
+        (!any_val && f > 0 && blocks > 1 && b == blocks - 1);
     auto begin = ids.begin() + b * options.block_tokens;
     auto end = ids.begin() + std::min(total, (b + 1) * options.block_tokens);
     (val ? val_ids : train_ids).insert((val ? val_ids : train_ids).end(), begin, end);
@@ -295,12 +297,22 @@ PrepareResult prepare_token_files(const PrepareOptions& options) {
   result.val_tokens = static_cast<int64_t>(val_ids.size());
   const double bytes_per_token = total > 0 ? static_cast<double>(result.text_bytes) / static_cast<double>(total) : 1.0;
   auto split_bytes = [&](size_t tokens) {
-    return options.tokenizer_path.empty() ? static_cast<uint64_t>(tokens)
-                                          : static_cast<uint64_t>(std::llround(bytes_per_token * static_cast<double>(tokens)));
+    return options.tokenizer_path.empty()
+               ? static_cast<uint64_t>(tokens)
+               : static_cast<uint64_t>(std::llround(bytes_per_token * static_cast<double>(tokens)));
   };
   const auto vocab = static_cast<uint64_t>(result.vocab_size);
   write_token_file(result.train_path, train_ids, vocab, split_bytes(train_ids.size()), result.tokenizer);
   write_token_file(result.val_path, val_ids, vocab, split_bytes(val_ids.size()), result.tokenizer);
+  if (!options.tokenizer_path.empty()) {  // beside the ids, so that training finds it for its checkpoints
+    const std::filesystem::path source = std::filesystem::is_directory(options.tokenizer_path)
+                                             ? std::filesystem::path(options.tokenizer_path) / "tokenizer.json"
+                                             : std::filesystem::path(options.tokenizer_path);
+    if (std::filesystem::exists(source)) {
+      result.tokenizer_copy = prefix + ".tokenizer.json";
+      io::write_text_atomically(result.tokenizer_copy, io::read_text_file(source.string()));
+    }
+  }
   return result;
 }
 

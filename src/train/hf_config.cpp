@@ -1,8 +1,7 @@
 #include "microllm/train/hf_config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "microllm/io/atomic_file.h"
 #include "microllm/io/safetensors.h"
@@ -61,7 +60,8 @@ const char* architecture(const std::string& model_type) {
   if (model_type == "llama") return "LlamaForCausalLM";
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
-  throw NotSupportedError("config", str_cat("model_type '", model_type, "' has no Hugging Face export (have llama, qwen2, qwen3)"));
+  throw NotSupportedError(
+      "config", str_cat("model_type '", model_type, "' has no Hugging Face export (have llama, qwen2, qwen3)"));
 }
 
 }  // namespace
@@ -76,9 +76,10 @@ nn::TransformerConfig config_from_hf_json(const std::string& json_text, const st
   MICROLLM_CHECK(j.is_object(), ParseError, origin, "a config must be a JSON object");
   nn::TransformerConfig c;
   c.model_type = field(j, "model_type", origin).get<std::string>();
-  MICROLLM_CHECK(c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "qwen3" ||
-                     c.model_type == "mistral",
-                 NotSupportedError, origin, "model_type '", c.model_type, "' is not supported (have llama, qwen2, qwen3, mistral)");
+  MICROLLM_CHECK(
+      c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "mistral",
+      NotSupportedError, origin, "model_type '", c.model_type,
+      "' is not supported (have llama, qwen2, qwen3, mistral)");
   c.vocab_size = int_field(j, "vocab_size", origin);
   c.hidden_size = int_field(j, "hidden_size", origin);
   c.intermediate_size = int_field(j, "intermediate_size", origin);
@@ -112,7 +113,8 @@ nn::TransformerConfig config_from_hf_json(const std::string& json_text, const st
                    " puts a bias on o_proj too, which this model does not have");
   }
   c.qk_norm = c.model_type == "qwen3";
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer())
+    c.bos_token_id = j["bos_token_id"].get<int64_t>();
   if (j.contains("eos_token_id")) {
     const json& eos = j["eos_token_id"];
     if (eos.is_number_integer()) c.eos_token_ids.push_back(eos.get<int64_t>());
@@ -159,7 +161,9 @@ std::string hf_config_json(const nn::TransformerConfig& c) {
   j["rope_theta"] = c.rope.theta;
   switch (c.rope.scaling.type) {
     case RopeScalingType::none: j["rope_scaling"] = nullptr; break;
-    case RopeScalingType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}}; break;
+    case RopeScalingType::linear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
+      break;
     case RopeScalingType::llama3:
       j["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", c.rope.scaling.factor},

@@ -14,9 +14,9 @@ Optimizer::Optimizer(std::vector<nn::ParameterInfo> params, OptimizerConfig conf
   MICROLLM_CHECK(config_.weight_decay >= 0, ValueError, "optimizer", "weight_decay must be >= 0, got ",
                  config_.weight_decay);
   if (config_.type == "adamw") {
-    MICROLLM_CHECK(config_.beta1 >= 0 && config_.beta1 < 1 && config_.beta2 >= 0 && config_.beta2 < 1 && config_.eps > 0,
-                   ValueError, "optimizer", "invalid AdamW betas (", config_.beta1, ", ", config_.beta2, ") or eps ",
-                   config_.eps);
+    MICROLLM_CHECK(
+        config_.beta1 >= 0 && config_.beta1 < 1 && config_.beta2 >= 0 && config_.beta2 < 1 && config_.eps > 0,
+        ValueError, "optimizer", "invalid AdamW betas (", config_.beta1, ", ", config_.beta2, ") or eps ", config_.eps);
     slot_names_ = {"exp_avg", "exp_avg_sq"};
   } else if (config_.type == "sgd") {
     MICROLLM_CHECK(config_.momentum >= 0, ValueError, "optimizer", "momentum must be >= 0, got ", config_.momentum);

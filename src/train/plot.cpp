@@ -42,7 +42,8 @@ std::vector<double> ticks(double lo, double hi, int count) {
     }
   }
   std::vector<double> out;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+    out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
   return out;
 }
 
@@ -106,8 +107,8 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
       }
     }
     const double ly = top + 14 + 18 * legend_row++;
-    svg << "<line x1=\"" << left + plot_w + 12 << "\" y1=\"" << ly << "\" x2=\"" << left + plot_w + 34 << "\" y2=\"" << ly
-        << "\" stroke=\"" << s.color << "\" stroke-width=\"2\"/>\n";
+    svg << "<line x1=\"" << left + plot_w + 12 << "\" y1=\"" << ly << "\" x2=\"" << left + plot_w + 34 << "\" y2=\""
+        << ly << "\" stroke=\"" << s.color << "\" stroke-width=\"2\"/>\n";
     svg << "<text x=\"" << left + plot_w + 40 << "\" y=\"" << ly + 4 << "\">" << escape(s.name) << "</text>\n";
   }
   svg << "</svg>\n";

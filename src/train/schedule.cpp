@@ -39,7 +39,9 @@ double LrSchedule::at(int64_t step) const {
   const double progress = std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(span), 0.0, 1.0);
   double factor = 1;
   switch (decay) {
-    case DecayKind::cosine: factor = min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * progress)); break;
+    case DecayKind::cosine:
+      factor = min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+      break;
     case DecayKind::linear: factor = 1 - (1 - min_ratio) * progress; break;
     case DecayKind::constant: factor = 1; break;
   }

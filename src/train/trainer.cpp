@@ -1,11 +1,10 @@
 #include "microllm/train/trainer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "microllm/autograd/functions.h"
 #include "microllm/core/threads.h"
@@ -168,8 +167,8 @@ void TrainConfig::validate() const {
   positive(steps, "steps");
   positive(log_interval, "log_interval");
   MICROLLM_CHECK(!train_data.empty(), ValueError, "train config", "train_data (or data) is not set");
-  MICROLLM_CHECK(eval_interval >= 0 && checkpoint_interval >= 0 && eval_batches >= 0 && warmup_steps >= 0,
-                 ValueError, "train config", "intervals, eval_batches and warmup_steps must be >= 0");
+  MICROLLM_CHECK(eval_interval >= 0 && checkpoint_interval >= 0 && eval_batches >= 0 && warmup_steps >= 0, ValueError,
+                 "train config", "intervals, eval_batches and warmup_steps must be >= 0");
   MICROLLM_CHECK(clip >= 0, ValueError, "train config", "clip must be >= 0, got ", clip);
   MICROLLM_CHECK(precision == "fp32" || precision == "bf16-mixed", ValueError, "train config",
                  "precision must be fp32 or bf16-mixed, got '", precision, "'");
@@ -199,12 +198,21 @@ LrSchedule TrainConfig::lr_schedule() const {
 
 namespace {
 json step_json(const StepMetrics& m) {
-  return {{"type", "train"}, {"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm},
-          {"tokens_per_second", m.tokens_per_second}, {"elapsed_seconds", m.elapsed_seconds}, {"tokens", m.tokens}};
+  return {{"type", "train"},
+          {"step", m.step},
+          {"loss", m.loss},
+          {"lr", m.lr},
+          {"grad_norm", m.grad_norm},
+          {"tokens_per_second", m.tokens_per_second},
+          {"elapsed_seconds", m.elapsed_seconds},
+          {"tokens", m.tokens}};
 }
 
 json eval_json(const EvalMetrics& m) {
-  return {{"type", "eval"}, {"step", m.step}, {"val_loss", m.loss}, {"val_nats_per_byte", m.nats_per_byte},
+  return {{"type", "eval"},
+          {"step", m.step},
+          {"val_loss", m.loss},
+          {"val_nats_per_byte", m.nats_per_byte},
           {"seconds", m.seconds}};
 }
 
@@ -426,7 +434,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
     state["step"] = step();
     state["tokens"] = tokens_;
     state["seconds"] = elapsed;
-    state["generators"] = {{"sampler", {{"seed", sampler_->generator().seed()}, {"offset", sampler_->generator().offset()}}}};
+    state["generators"] = {
+        {"sampler", {{"seed", sampler_->generator().seed()}, {"offset", sampler_->generator().offset()}}}};
     state["data"] = {{"train", config_.train_data},
                      {"val", config_.val_data},
                      {"batches_drawn", sampler_->batches_drawn()},
@@ -442,12 +451,21 @@ void Trainer::save_checkpoint(const std::string& dir) {
     for (const EvalMetrics& m : eval_history_) val.push_back(eval_json(m));
     state["metrics"] = {{"train", train}, {"eval", val}};
     io::write_text_atomically((fs::path(tmp) / "trainer_state.json").string(), state.dump(2) + "\n");
-    if (!config_.tokenizer.empty()) {  // so that generate (and transformers) decode with the same tokenizer
-      const fs::path source = fs::is_directory(config_.tokenizer) ? fs::path(config_.tokenizer) / "tokenizer.json"
-                                                                  : fs::path(config_.tokenizer);
+    // The Hugging Face tokenizer, so that generate (and transformers) decode with it: the configured one,
+    // or the copy `prepare` left beside the token files.
+    fs::path source;
+    if (!config_.tokenizer.empty()) {
+      source = fs::is_directory(config_.tokenizer) ? fs::path(config_.tokenizer) / "tokenizer.json"
+                                                   : fs::path(config_.tokenizer);
+    } else if (train_file_->info().tokenizer.starts_with("hf:")) {
+      std::string prefix = config_.train_data;
+      if (prefix.ends_with(".train.bin")) prefix.resize(prefix.size() - 10);
+      if (fs::exists(prefix + ".tokenizer.json")) source = prefix + ".tokenizer.json";
+    }
+    if (!source.empty()) {
       fs::copy_file(source, fs::path(tmp) / "tokenizer.json", fs::copy_options::overwrite_existing);
       const fs::path tokenizer_config = source.parent_path() / "tokenizer_config.json";
-      if (fs::exists(tokenizer_config)) {
+      if (!config_.tokenizer.empty() && fs::exists(tokenizer_config)) {
         fs::copy_file(tokenizer_config, fs::path(tmp) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
       }
     }

@@ -53,6 +53,12 @@ TEST(Sampler, RepetitionPenaltyDemotesSeenTokens) {
   const std::vector<float> logits{1.0f, 1.5f, -3.0f};
   const std::vector<int32_t> history{1};
   EXPECT_EQ(s.sample(logits, history), 0);  // 1.5 / 2 < 1.0
+  Sampler presence({.temperature = 0, .presence_penalty = 0.6});
+  EXPECT_EQ(presence.sample(logits, history), 0);  // 1.5 - 0.6 < 1.0
+  Sampler frequency({.temperature = 0, .frequency_penalty = 0.3});
+  const std::vector<int32_t> once{1}, twice{1, 1};
+  EXPECT_EQ(frequency.sample(logits, once), 1);   // 1.5 - 0.3 > 1.0
+  EXPECT_EQ(frequency.sample(logits, twice), 0);  // 1.5 - 0.6 < 1.0
 }
 
 TEST(Generate, CachedDecodingMatchesFullForwards) {

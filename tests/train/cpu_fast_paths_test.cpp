@@ -20,8 +20,11 @@ TEST(CpuFastPaths, AttentionMatchesTheReferenceLoops) {
     int64_t T, S;
     AttentionParams params;
   };
-  const Case cases[] = {{9, 9, {}}, {9, 9, {.causal = false}}, {3, 11, {.causal = true, .q_offset = 8}},
-                        {1, 7, {.causal = true, .q_offset = 6}}, {5, 5, {.causal = true, .scale = 0.3}}};
+  const Case cases[] = {{9, 9, {}},
+                        {9, 9, {.causal = false}},
+                        {3, 11, {.causal = true, .q_offset = 8}},
+                        {1, 7, {.causal = true, .q_offset = 6}},
+                        {5, 5, {.causal = true, .scale = 0.3}}};
   for (const Case& c : cases) {
     // [B, T, H, D] transposed to [B, H, T, D], as the model lays them out.
     const Tensor q = random_tensor({2, c.T, 4, 8}).transpose(1, 2);

@@ -27,7 +27,8 @@ TEST_P(GoldenTest, LossAndGradientsMatchPyTorch) {
     GTEST_SKIP() << golden.string() << " or its config is missing: run tools/oracle/train_golden.py where torch "
                  << "and transformers are installed (the GPU machine) and commit tests/fixtures/train/";
   }
-  const nn::TransformerConfig config = config_from_hf_json(io::read_text_file(config_path.string()), config_path.string());
+  const nn::TransformerConfig config =
+      config_from_hf_json(io::read_text_file(config_path.string()), config_path.string());
   EXPECT_EQ(config.model_type, family);
   nn::TransformerLM model(config, 0);
   load_model_weights(model, golden.string());

@@ -40,7 +40,9 @@ TEST_P(OptimTest, AdamWMatchesADirectComputationOverSeveralSteps) {
   const uint64_t seed = testing::fresh_seed();
   std::vector<Tensor> params = randoms(device, -1, 1, seed);
   std::vector<Tensor> m, v;
-  for (const Tensor& p : params) m.push_back(Tensor::zeros(p.shape(), DType::f32, device)), v.push_back(Tensor::zeros(p.shape(), DType::f32, device));
+  for (const Tensor& p : params)
+    m.push_back(Tensor::zeros(p.shape(), DType::f32, device)),
+        v.push_back(Tensor::zeros(p.shape(), DType::f32, device));
   std::vector<double> wd;
   for (size_t i = 0; i < params.size(); ++i) wd.push_back(i % 2 ? 0.0 : 0.1);
   std::vector<std::vector<double>> ref_p, ref_m, ref_v;
@@ -137,9 +139,12 @@ TEST_P(OptimTest, Bf16MomentsTrackF32MomentsAndAreDeterministic) {
   std::vector<Tensor> p32 = randoms(device, -1, 1, seed), p16 = clones(p32), p16b = clones(p32);
   std::vector<Tensor> m32, v32, m16, v16, m16b, v16b;
   for (const Tensor& p : p32) {
-    m32.push_back(Tensor::zeros(p.shape(), DType::f32, device)), v32.push_back(Tensor::zeros(p.shape(), DType::f32, device));
-    m16.push_back(Tensor::zeros(p.shape(), DType::bf16, device)), v16.push_back(Tensor::zeros(p.shape(), DType::bf16, device));
-    m16b.push_back(Tensor::zeros(p.shape(), DType::bf16, device)), v16b.push_back(Tensor::zeros(p.shape(), DType::bf16, device));
+    m32.push_back(Tensor::zeros(p.shape(), DType::f32, device)),
+        v32.push_back(Tensor::zeros(p.shape(), DType::f32, device));
+    m16.push_back(Tensor::zeros(p.shape(), DType::bf16, device)),
+        v16.push_back(Tensor::zeros(p.shape(), DType::bf16, device));
+    m16b.push_back(Tensor::zeros(p.shape(), DType::bf16, device)),
+        v16b.push_back(Tensor::zeros(p.shape(), DType::bf16, device));
   }
   const std::vector<double> wd(p32.size(), 0.0);
   for (int t = 1; t <= 5; ++t) {
@@ -156,7 +161,8 @@ TEST_P(OptimTest, Bf16MomentsTrackF32MomentsAndAreDeterministic) {
       // Each step moves every element by about lr; bf16 moments change that by a little.
       EXPECT_LE(testing::relative_error(p16[i], p32[i]), 1e-3) << i;
     }
-    EXPECT_EQ(std::memcmp(p16[i].to(Device::cpu()).data_ptr(), p16b[i].to(Device::cpu()).data_ptr(), p16[i].nbytes()), 0);
+    EXPECT_EQ(std::memcmp(p16[i].to(Device::cpu()).data_ptr(), p16b[i].to(Device::cpu()).data_ptr(), p16[i].nbytes()),
+              0);
   }
 }
 
@@ -173,6 +179,43 @@ TEST_P(OptimTest, ArgumentChecksNameTheProblem) {
   EXPECT_THROW(adamw_step(p, g, half, v, {0.0}, Tensor(), {}), DTypeError);
   EXPECT_THROW(sgd_step(p, g, {}, {0.0}, Tensor(), SgdStep{.momentum = 0.9}), ValueError);
   EXPECT_THROW(sum_squares({}), ValueError);
+}
+
+// More tensors than one launch takes (36) and a tensor of more chunks than one launch covers (320 chunks of
+// 65536): the device kernels split the list over several launches; the results equal the CPU kernels'.
+TEST_P(OptimTest, ManyTensorsAndLongTensorsSpanSeveralLaunches) {
+  const Device device = GetParam();
+  MICROLLM_SKIP_IF_UNAVAILABLE(device);
+  const uint64_t seed = testing::fresh_seed();
+  std::vector<Shape> sizes;
+  for (int64_t i = 0; i < 50; ++i) sizes.push_back({1 + 37 * i});
+  sizes.push_back({321 * 65536 + 5});
+  sizes.push_back({3});
+  std::vector<Tensor> p, g, m, v, p_cpu, m_cpu, v_cpu, g_cpu;
+  std::vector<double> wd;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    p_cpu.push_back(random_tensor(sizes[i], DType::f32, Device::cpu(), -1, 1, seed + i));
+    g_cpu.push_back(random_tensor(sizes[i], DType::f32, Device::cpu(), -1, 1, seed + 1000 + i));
+    m_cpu.push_back(random_tensor(sizes[i], DType::bf16, Device::cpu(), -0.1, 0.1, seed + 2000 + i));
+    v_cpu.push_back(random_tensor(sizes[i], DType::bf16, Device::cpu(), 0, 0.1, seed + 3000 + i));
+    auto copy = [&](const Tensor& t) { return device.is_cpu() ? t.clone() : t.to(device); };
+    p.push_back(copy(p_cpu.back())), g.push_back(copy(g_cpu.back()));
+    m.push_back(copy(m_cpu.back())), v.push_back(copy(v_cpu.back()));
+    wd.push_back(i % 3 ? 0.1 : 0.0);
+  }
+  const AdamWStep step{1e-2, 0.9, 0.95, 1e-8, 1 - 0.9 * 0.9, 1 - 0.95 * 0.95, 2};
+  const Tensor scale = Tensor::full({1}, 0.75, DType::f32, device);
+  adamw_step(p, g, m, v, wd, scale, step);
+  adamw_step(p_cpu, g_cpu, m_cpu, v_cpu, wd, Tensor::full({1}, 0.75), step);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_LE(testing::relative_error(p[i].to(Device::cpu()), p_cpu[i]), 1e-6) << i;
+    EXPECT_LE(testing::relative_error(m[i].to(Device::cpu()), m_cpu[i]), 1e-2) << i;  // bf16: one rounding apart
+  }
+  std::vector<Tensor> mixed = g;
+  mixed.insert(mixed.end(), m.begin(), m.end());
+  std::vector<Tensor> mixed_cpu = g_cpu;
+  mixed_cpu.insert(mixed_cpu.end(), m_cpu.begin(), m_cpu.end());
+  EXPECT_LE(testing::relative_error(sum_squares(mixed).to(Device::cpu()), sum_squares(mixed_cpu)), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, OptimTest, ::testing::ValuesIn(testing::test_devices()), testing::device_test_name);

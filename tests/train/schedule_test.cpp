@@ -14,7 +14,7 @@ TEST(Schedule, WarmupThenCosineToMinRatio) {
   LrSchedule s{.lr = 1.0, .warmup_steps = 4, .total_steps = 14, .decay = DecayKind::cosine, .min_ratio = 0.1};
   EXPECT_DOUBLE_EQ(s.at(0), 0.25);
   EXPECT_DOUBLE_EQ(s.at(3), 1.0);
-  EXPECT_DOUBLE_EQ(s.at(4), 1.0);    // decay starts after the warmup
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);     // decay starts after the warmup
   EXPECT_NEAR(s.at(13), 0.1, 1e-12);  // the last step reaches the floor
   EXPECT_NEAR(s.at(100), 0.1, 1e-12);
   EXPECT_NEAR(s.at(4 + 9.0 / 2), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 4.0 / 9)), 1e-12);

@@ -1,6 +1,6 @@
 // Choosing the next token from a row of logits: greedy, or sampling with temperature, top-k, top-p
-// (nucleus), min-p and a repetition penalty, from a seeded Philox generator (the same seed gives the same
-// text). Runs on the host over one f32 row.
+// (nucleus), min-p, and repetition / presence / frequency penalties, from a seeded Philox generator (the same seed
+// gives the same text). Runs on the host over one f32 row.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,8 @@ struct SamplingParams {
   double top_p = 1.0;               // 1: off
   double min_p = 0.0;               // keep tokens with p >= min_p * p_max; 0: off
   double repetition_penalty = 1.0;  // CTRL's: logits of seen tokens divided (> 0) or multiplied (< 0) by it
+  double presence_penalty = 0.0;    // OpenAI's: subtracted once from the logit of every token seen
+  double frequency_penalty = 0.0;   // OpenAI's: subtracted once per occurrence
   uint64_t seed = 0;
 };
 

@@ -23,12 +23,26 @@ struct ForwardContext {
   Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
 };
 
-// Normal(0, std) values for a new weight.
-Tensor init_normal(const Shape& shape, Generator& gen, double std);
+// Where new parameters get their values: weights Normal(0, std) from a seeded generator (training from
+// scratch), or left unwritten when a checkpoint is about to replace them (no time spent on random
+// numbers for a billion weights, and untouched host pages cost no memory). Norm weights are ones and
+// biases zeros either way.
+class Initializer {
+ public:
+  Initializer(uint64_t seed, double std, bool random = true) : gen_(seed), std_(std), random_(random) {}
+  Tensor normal(const Shape& shape);
+  static Tensor ones(const Shape& shape) { return Tensor::ones(shape); }
+  static Tensor zeros(const Shape& shape) { return Tensor::zeros(shape); }
+
+ private:
+  Generator gen_;
+  double std_;
+  bool random_;
+};
 
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std);
+  Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   Variable& weight() { return *weight_; }
 
@@ -39,7 +53,7 @@ class Linear : public Module {
 
 class Embedding : public Module {
  public:
-  Embedding(int64_t vocab, int64_t dim, Generator& gen, double init_std);
+  Embedding(int64_t vocab, int64_t dim, Initializer& init);
   Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
   Variable& weight() { return *weight_; }
 
@@ -70,7 +84,7 @@ struct AttentionConfig {
 
 class Attention : public Module {
  public:
-  Attention(const AttentionConfig& config, int layer_index, Generator& gen, double init_std);
+  Attention(const AttentionConfig& config, int layer_index, Initializer& init);
   // x [B, T, hidden] -> [B, T, hidden]
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
 
@@ -83,7 +97,7 @@ class Attention : public Module {
 
 class Mlp : public Module {
  public:
-  Mlp(int64_t hidden_size, int64_t intermediate_size, Generator& gen, double init_std);
+  Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
 
  private:
@@ -92,8 +106,7 @@ class Mlp : public Module {
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const AttentionConfig& attention, int64_t intermediate_size, int layer_index, Generator& gen,
-               double init_std);
+  DecoderLayer(const AttentionConfig& attention, int64_t intermediate_size, int layer_index, Initializer& init);
   // Pre-norm residual block: h = x + attn(norm1(x)); out = h + mlp(norm2(h)), with the second
   // residual add fused into norm2.
   Variable forward(const Variable& x, const ForwardContext& ctx) const;

@@ -57,7 +57,8 @@ class KvCache {
 
 class TransformerLM : public Module {
  public:
-  TransformerLM(const TransformerConfig& config, uint64_t seed);
+  // random_init false leaves the weights unwritten for a checkpoint to fill (models/loader.h).
+  TransformerLM(const TransformerConfig& config, uint64_t seed, bool random_init = true);
   const TransformerConfig& config() const { return config_; }
 
   // ids [B, T] (i32/i64) -> logits [B, T, vocab] in the compute dtype.

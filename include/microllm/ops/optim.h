@@ -15,9 +15,9 @@
 
 namespace microllm {
 
-void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step);
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                const std::vector<Tensor>& exp_avg_sq, const std::vector<double>& weight_decay,
+                const Tensor& grad_scale, const AdamWStep& step);
 // momentum_buffer is empty when step.momentum is 0.
 void sgd_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
               const std::vector<Tensor>& momentum_buffer, const std::vector<double>& weight_decay,

@@ -50,8 +50,8 @@ struct TokenFileInfo {
 };
 
 // Writes `ids` (each below vocab_size) atomically; uint16 ids when vocab_size <= 65536, else uint32.
-void write_token_file(const std::string& path, std::span<const int32_t> ids, uint64_t vocab_size,
-                      uint64_t text_bytes, const std::string& tokenizer);
+void write_token_file(const std::string& path, std::span<const int32_t> ids, uint64_t vocab_size, uint64_t text_bytes,
+                      const std::string& tokenizer);
 
 // A token file, mapped. Opening validates the header and the size (ParseError naming the file and the
 // field) and that every id is below the vocabulary size.
@@ -103,7 +103,8 @@ class BatchSampler {
 std::vector<Batch> validation_batches(const TokenFile& file, int64_t batch, int64_t seq_len, int64_t max_batches);
 
 // `microllm prepare`: tokenizes text files (bytes, or a Hugging Face tokenizer when tokenizer_path is set)
-// and writes <output>.train.bin and <output>.val.bin. The stream is cut into blocks of block_tokens; a
+// and writes <output>.train.bin and <output>.val.bin (and <output>.tokenizer.json, a copy of the Hugging
+// Face tokenizer, which training copies into its checkpoints). The stream is cut into blocks of block_tokens; a
 // val_fraction of the blocks, spread evenly, goes to validation. A file that does not end in a newline is
 // joined to the next with one. Each split's text_bytes is exact for bytes, proportional for BPE.
 struct PrepareOptions {
@@ -120,6 +121,7 @@ struct PrepareResult {
   uint64_t text_bytes = 0;
   int64_t vocab_size = 0;
   std::string tokenizer;
+  std::string tokenizer_copy;  // <output>.tokenizer.json: the tokenizer.json used, for training and generation
 };
 
 PrepareResult prepare_token_files(const PrepareOptions& options);

@@ -22,7 +22,7 @@
 namespace microllm::train {
 
 struct OptimizerConfig {
-  std::string type = "adamw";  // "adamw" or "sgd"
+  std::string type = "adamw";                    // "adamw" or "sgd"
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;  // adamw
   double weight_decay = 0.1;                     // adamw: decoupled; sgd: coupled (L2), as in PyTorch
   double momentum = 0.9, dampening = 0;          // sgd

@@ -10,7 +10,7 @@ namespace microllm::train {
 
 struct Series {
   std::string name;
-  std::string color;                          // an SVG color, e.g. "#1f77b4"
+  std::string color;                              // an SVG color, e.g. "#1f77b4"
   std::vector<std::pair<double, double>> points;  // (x, y)
 };
 

@@ -12,9 +12,9 @@ DecayKind parse_decay(const std::string& name);  // "cosine", "linear", "constan
 const char* decay_name(DecayKind kind);
 
 struct LrSchedule {
-  double lr = 1e-3;            // the peak
-  int64_t warmup_steps = 0;    // lr rises linearly over these steps: lr * (step + 1) / warmup_steps
-  int64_t total_steps = 1;     // the decay reaches lr * min_ratio at the last step
+  double lr = 1e-3;          // the peak
+  int64_t warmup_steps = 0;  // lr rises linearly over these steps: lr * (step + 1) / warmup_steps
+  int64_t total_steps = 1;   // the decay reaches lr * min_ratio at the last step
   DecayKind decay = DecayKind::cosine;
   double min_ratio = 0.1;
 

@@ -32,7 +32,8 @@ struct TrainConfig {
   std::string model_type = "llama";  // presets: llama, qwen2 (q/k/v biases) or qwen3 (qk-norm)
   // data: token files from `microllm prepare`; `data` (a prefix) sets both
   std::string train_data, val_data;
-  std::string tokenizer;  // the HF tokenizer the files were made with (copied into checkpoints); "" for bytes
+  std::string
+      tokenizer;  // an HF tokenizer to copy into checkpoints; "": the one prepare left beside the files, or bytes
   int64_t batch_size = 32, seq_len = 128, grad_accum = 1, steps = 1000;
   // optimization
   std::string optimizer = "adamw";  // adamw | sgd
@@ -48,7 +49,7 @@ struct TrainConfig {
   int64_t eval_interval = 100;  // steps between evaluations (and at the end); 0: only at the end
   int64_t eval_batches = 16;    // validation batches of [batch_size, seq_len]
   int64_t log_interval = 10;
-  int64_t checkpoint_interval = 0;  // 0: only at the end (and on SIGINT)
+  int64_t checkpoint_interval = 0;          // 0: only at the end (and on SIGINT)
   std::string out_dir = "data/runs/train";  // metrics.jsonl, loss.svg, and checkpoint/ unless checkpoint_dir is set
   std::string checkpoint_dir;
   uint64_t seed = 1337;  // model initialization and the batch sampler

@@ -36,9 +36,7 @@ struct FastLayout {
         causal(params.causal),
         q_offset(params.q_offset) {}
   // Query i sees keys [0, key_end(i)).
-  int64_t key_end(int64_t i) const {
-    return causal ? std::clamp<int64_t>(q_offset + i + 1, 0, kv_len) : kv_len;
-  }
+  int64_t key_end(int64_t i) const { return causal ? std::clamp<int64_t>(q_offset + i + 1, 0, kv_len) : kv_len; }
 };
 
 // Row (a, b, c) of a rank-4 f32 tensor whose last dim is unit-stride.

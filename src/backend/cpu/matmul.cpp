@@ -54,13 +54,13 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a, int64_t
   }
 }
 
-// Large products are cut into fixed blocks of kGemmBlock rows (or columns) of C, one BLAS call each,
-// spread over the OpenMP threads, with BLAS itself single-threaded: OpenBLAS's own thread pool would
-// compete for the cores with the OpenMP workers of the other kernels (on 2 cores, a spinning OpenMP worker
-// and an OpenBLAS thread made every matmul several times slower). The blocks do not depend on the thread
-// count, so neither do the results.
+// Large products are cut into blocks of rows (or columns) of C, one BLAS call each, spread over the
+// OpenMP threads, with BLAS itself single-threaded: OpenBLAS's own thread pool would compete for the cores
+// with the OpenMP workers of the other kernels (on 2 cores, a spinning OpenMP worker and an OpenBLAS thread
+// made every matmul several times slower). The blocks depend on the shape only, not on the thread count,
+// so neither do the results.
 constexpr int64_t kParallelGemmWork = int64_t{1} << 18;  // m * n * k below this: one call
-constexpr int64_t kGemmBlock = 64;
+constexpr int64_t kGemmBlock = 64;                       // the smallest block
 
 void use_single_threaded_blas() {
   static const bool once = [] {
@@ -78,10 +78,13 @@ void blocked_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const A* a,
     return gemm<A>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
   }
   const bool by_rows = m >= n;
-  const int64_t blocks = ((by_rows ? m : n) + kGemmBlock - 1) / kGemmBlock;
+  const int64_t extent = by_rows ? m : n;
+  // At most about 64 blocks (each BLAS call packs the other operand again), of a multiple of 16 rows.
+  const int64_t block_size = std::max(kGemmBlock, ((extent + 63) / 64 + 15) / 16 * 16);
+  const int64_t blocks = (extent + block_size - 1) / block_size;
   detail::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     for (int64_t block = first; block < last; ++block) {
-      const int64_t lo = block * kGemmBlock, size = std::min(kGemmBlock, (by_rows ? m : n) - lo);
+      const int64_t lo = block * block_size, size = std::min(block_size, extent - lo);
       if (by_rows) {  // rows [lo, lo + size) of C: rows of op(A)
         gemm<A>(ta, tb, size, n, k, ta ? a + lo : a + lo * lda, lda, b, ldb, c + lo * ldc, ldc);
       } else {  // columns of C: columns of op(B)

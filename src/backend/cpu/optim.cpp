@@ -32,8 +32,7 @@ void visit_moment(DType dtype, const char* op, Fn&& fn) {
 
 void CpuBackend::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                             const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                            const std::vector<double>& weight_decay, const Tensor& grad_scale,
-                            const AdamWStep& step) {
+                            const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) {
   if (params.empty()) return;
   const float scale = grad_scale_value(grad_scale);
   const optim_math::AdamWScalars s{static_cast<float>(step.beta1),
@@ -64,8 +63,11 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
                           const Tensor& grad_scale, const SgdStep& step) {
   if (params.empty()) return;
   const float scale = grad_scale_value(grad_scale);
-  const optim_math::SgdScalars s{static_cast<float>(step.lr), static_cast<float>(step.momentum),
-                                 static_cast<float>(step.dampening), step.nesterov, step.first_step,
+  const optim_math::SgdScalars s{static_cast<float>(step.lr),
+                                 static_cast<float>(step.momentum),
+                                 static_cast<float>(step.dampening),
+                                 step.nesterov,
+                                 step.first_step,
                                  static_cast<uint64_t>(step.step)};
   const DType moment_dtype = momentum_buffer.empty() ? DType::f32 : momentum_buffer[0].dtype();
   visit_moment(moment_dtype, "sgd_step", [&]<typename M>() {

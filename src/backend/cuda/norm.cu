@@ -97,7 +97,9 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
 }
 
 // TPR threads per row (32: a warp, 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
-// its row in registers. Needs 0 < n / V <= P * TPR.
+// its row in registers, as raw T packs (h is x, or round(x + residual): a value of T either way, so
+// keeping T instead of f32 is exact and halves the registers of bf16 rows, which lets a warp own rows of
+// up to 16 packs per lane without block barriers). Needs 0 < n / V <= P * TPR.
 template <typename T, int V, int P, int TPR>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArgs<T> args) {
   using A = acc_t<T>;
@@ -113,16 +115,20 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
     args.rows.offsets(row, off);
     const T* x_row = args.x + off[0];
     const T* r_row = args.residual ? args.residual + off[1] : nullptr;
-    A h[P][V];
+    Pack<V, T> h[P];
     A sum_sq = 0;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
       if (p < groups) {
-        load_h<T, V>(args, x_row, r_row, p, h[q]);
+        A values[V];
+        load_h<T, V>(args, x_row, r_row, p, values);
 #pragma unroll
-        for (int v = 0; v < V; ++v) sum_sq += h[q][v] * h[q][v];
-        if (args.h_out) store_group<T, V>(args.h_out + row * args.n, p, h[q]);
+        for (int v = 0; v < V; ++v) {
+          sum_sq += values[v] * values[v];
+          h[q].v[v] = from_acc<T>(values[v]);  // exact: values are already values of T
+        }
+        if (args.h_out) reinterpret_cast<Pack<V, T>*>(args.h_out + row * args.n)[p] = h[q];
       }
     }
     A total;
@@ -135,13 +141,16 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
-      if (p < groups) store_y<T, V>(args, row, p, h[q], rstd);
+      if (p < groups) {
+        A values[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) values[v] = to_acc(h[q].v[v]);
+        store_y<T, V>(args, row, p, values, rstd);
+      }
     }
   }
 }
 
-// A block per row, two passes over the row (h is recomputed, bit for bit, in the second): any strides,
-// any n (0 included: rstd = 1 / sqrt(eps)).
 template <typename T, int V>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_two_pass(const ForwardArgs<T> args) {
   using A = acc_t<T>;
@@ -305,10 +314,14 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream) {
   if (vectorized) {
     args.x_step = args.r_step = args.w_step = 1;
     const int64_t groups = args.n / V;
+    // A warp per row up to 16 packs per lane (bf16 rows of 4096): no block barriers, 8 rows per block.
     if (groups <= 32) return launch_cached<T, V, 1, 32>(args, stream);
     if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream);
     if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream);
-    if (groups <= 256) return launch_cached<T, V, 1, 256>(args, stream);
+    if (groups <= 256) return launch_cached<T, V, 8, 32>(args, stream);
+    if constexpr (sizeof(T) <= 2) {
+      if (groups <= 512) return launch_cached<T, V, 16, 32>(args, stream);
+    }
     if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream);
     if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream);
     if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream);

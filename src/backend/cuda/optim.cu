@@ -91,8 +91,8 @@ __device__ __forceinline__ void block_range(const TensorList<N>& list, int& slot
 }
 
 template <typename M>
-__global__ void __launch_bounds__(kOptimThreads) adamw_kernel(TensorList<4> list, const float* grad_scale,
-                                                               optim_math::AdamWScalars s) {
+__global__ void __launch_bounds__(kOptimThreads)
+    adamw_kernel(TensorList<4> list, const float* grad_scale, optim_math::AdamWScalars s) {
   int slot;
   int64_t begin, end;
   block_range(list, slot, begin, end);
@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(kOptimThreads) adamw_kernel(TensorList<4> list
 }
 
 template <typename M>
-__global__ void __launch_bounds__(kOptimThreads) sgd_kernel(TensorList<3> list, const float* grad_scale,
-                                                             optim_math::SgdScalars s, bool has_momentum) {
+__global__ void __launch_bounds__(kOptimThreads)
+    sgd_kernel(TensorList<3> list, const float* grad_scale, optim_math::SgdScalars s, bool has_momentum) {
   int slot;
   int64_t begin, end;
   block_range(list, slot, begin, end);
@@ -207,8 +207,7 @@ using namespace cuda_kernels;
 
 void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                              const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                             const std::vector<double>& weight_decay, const Tensor& grad_scale,
-                             const AdamWStep& step) {
+                             const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) {
   OpScope scope("adamw_step", device_, detail::current_cuda_stream(device_));
   if (params.empty()) return;
   Launch launch(params[0]);
@@ -242,8 +241,11 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
   OpScope scope("sgd_step", device_, detail::current_cuda_stream(device_));
   if (params.empty()) return;
   Launch launch(params[0]);
-  const optim_math::SgdScalars s{static_cast<float>(step.lr),  static_cast<float>(step.momentum),
-                                 static_cast<float>(step.dampening), step.nesterov, step.first_step,
+  const optim_math::SgdScalars s{static_cast<float>(step.lr),
+                                 static_cast<float>(step.momentum),
+                                 static_cast<float>(step.dampening),
+                                 step.nesterov,
+                                 step.first_step,
                                  static_cast<uint64_t>(step.step)};
   const float* scale = scale_ptr(grad_scale);
   const bool has_momentum = !momentum_buffer.empty();
@@ -283,8 +285,7 @@ void CudaBackend::sum_squares(const std::vector<Tensor>& tensors, const Tensor& 
     if (!any) continue;
     visit_float(dtype, "sum_squares", [&]<typename T>() {
       multi_tensor_apply<1>(
-          masked,
-          [&](TensorList<1>& list, int slot, size_t t) { list.ptrs[0][slot] = tensors[t].data_ptr(); },
+          masked, [&](TensorList<1>& list, int slot, size_t t) { list.ptrs[0][slot] = tensors[t].data_ptr(); },
           [&](TensorList<1> list, int blocks) {
             // first_chunk counted only this dtype's tensors; use the global chunk offsets.
             for (int b = 0; b < kMaxTensors; ++b) list.first_chunk[b] = first[list.index[b]];
@@ -302,7 +303,7 @@ void CudaBackend::sum_squares(const std::vector<Tensor>& tensors, const Tensor& 
       list.out_index[i] = static_cast<int32_t>(group + i);
     }
     fold_partials_kernel<<<(count + 127) / 128, 128, 0, launch.stream>>>(list, count, partial_ptr,
-                                                                        static_cast<float*>(out.data_ptr()));
+                                                                         static_cast<float*>(out.data_ptr()));
     MICROLLM_CUDA_CHECK_LAUNCH();
   }
 }

@@ -1,0 +1,77 @@
+// The config.json fields shared by the Llama-like families.
+#include "config_reader.h"
+
+namespace microllm::models {
+namespace {
+
+void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, const std::string& field,
+                       RopeScaling& out) {
+  if (scaling.is_null()) return;
+  MICROLLM_CHECK(scaling.is_object(), ParseError, r.origin(), "field '", field, "' must be an object or null");
+  const ConfigReader s(scaling, r.origin());
+  const std::string type = s.string_or("rope_type", s.string_or("type", "default"));
+  if (type == "default") return;
+  if (type == "linear") {
+    out.type = RopeScalingType::linear;
+    out.factor = s.number("factor");
+  } else if (type == "llama3") {
+    out.type = RopeScalingType::llama3;
+    out.factor = s.number("factor");
+    out.low_freq_factor = s.number_or("low_freq_factor", 1.0);
+    out.high_freq_factor = s.number_or("high_freq_factor", 4.0);
+    out.original_max_position_embeddings = s.integer_or("original_max_position_embeddings", 8192);
+  } else {
+    throw NotSupportedError(r.origin(), str_cat("field '", field, ".rope_type' = \"", type,
+                                                "\" is not supported (have default, linear, llama3)"));
+  }
+}
+
+}  // namespace
+
+nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type) {
+  nn::TransformerConfig c;
+  c.model_type = model_type;
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_layers = r.integer("num_hidden_layers");
+  c.num_heads = r.integer("num_attention_heads");
+  c.num_kv_heads = r.integer_or("num_key_value_heads", c.num_heads);
+  c.head_dim = r.integer_or("head_dim", 0);
+  c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
+  c.rope.theta = r.number_or("rope_theta", 10000.0);
+  if (r.has("rope_parameters")) {  // transformers >= 5 writes theta and scaling here
+    const nlohmann::json& p = r.raw("rope_parameters");
+    MICROLLM_CHECK(p.is_object(), ParseError, r.origin(), "field 'rope_parameters' must be an object");
+    c.rope.theta = ConfigReader(p, r.origin()).number_or("rope_theta", c.rope.theta);
+    read_rope_scaling(r, p, "rope_parameters", c.rope.scaling);
+  }
+  if (r.has("rope_scaling")) read_rope_scaling(r, r.raw("rope_scaling"), "rope_scaling", c.rope.scaling);
+  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
+  c.max_position_embeddings = r.integer_or("max_position_embeddings", 2048);
+  c.initializer_range = r.number_or("initializer_range", 0.02);
+  const std::string act = r.string_or("hidden_act", "silu");
+  MICROLLM_CHECK(act == "silu", NotSupportedError, r.origin(), "field 'hidden_act' = \"", act,
+                 "\" is not supported (have silu)");
+  r.reject("mlp_bias", "a bias in the MLP is not supported");
+  r.reject("num_experts", "mixture-of-experts models are not supported");
+  r.reject("num_local_experts", "mixture-of-experts models are not supported");
+  if (r.has("bos_token_id") && r.raw("bos_token_id").is_number_integer()) c.bos_token_id = r.integer("bos_token_id");
+  if (r.has("eos_token_id")) {
+    const nlohmann::json& eos = r.raw("eos_token_id");
+    if (eos.is_number_integer()) {
+      c.eos_token_ids.push_back(eos.get<int64_t>());
+    } else if (eos.is_array()) {
+      for (const auto& id : eos) {
+        MICROLLM_CHECK(id.is_number_integer(), ParseError, r.origin(), "field 'eos_token_id' holds a non-integer ",
+                       id.dump());
+        c.eos_token_ids.push_back(id.get<int64_t>());
+      }
+    } else {
+      throw ParseError(r.origin(), str_cat("field 'eos_token_id' must be an integer or a list, got ", eos.dump()));
+    }
+  }
+  return c;
+}
+
+}  // namespace microllm::models

@@ -1,0 +1,74 @@
+// Typed reads of config.json fields, each error naming the file and the field (internal header).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "microllm/core/error.h"
+#include "microllm/nn/transformer.h"
+
+namespace microllm::models {
+
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& json, std::string origin) : json_(json), origin_(std::move(origin)) {}
+
+  const std::string& origin() const { return origin_; }
+  bool has(const char* field) const { return json_.contains(field) && !json_[field].is_null(); }
+  const nlohmann::json& raw(const char* field) const {
+    MICROLLM_CHECK(has(field), ParseError, origin_, "missing field '", field, "'");
+    return json_[field];
+  }
+
+  int64_t integer(const char* field) const {
+    const nlohmann::json& v = raw(field);
+    MICROLLM_CHECK(v.is_number_integer(), ParseError, origin_, "field '", field, "' must be an integer, got ", v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t integer_or(const char* field, int64_t fallback) const { return has(field) ? integer(field) : fallback; }
+
+  double number(const char* field) const {
+    const nlohmann::json& v = raw(field);
+    MICROLLM_CHECK(v.is_number(), ParseError, origin_, "field '", field, "' must be a number, got ", v.dump());
+    return v.get<double>();
+  }
+  double number_or(const char* field, double fallback) const { return has(field) ? number(field) : fallback; }
+
+  bool boolean_or(const char* field, bool fallback) const {
+    if (!has(field)) return fallback;
+    const nlohmann::json& v = raw(field);
+    MICROLLM_CHECK(v.is_boolean(), ParseError, origin_, "field '", field, "' must be true or false, got ", v.dump());
+    return v.get<bool>();
+  }
+
+  std::string string_or(const char* field, const std::string& fallback) const {
+    if (!has(field)) return fallback;
+    const nlohmann::json& v = raw(field);
+    MICROLLM_CHECK(v.is_string(), ParseError, origin_, "field '", field, "' must be a string, got ", v.dump());
+    return v.get<std::string>();
+  }
+
+  // A field whose presence (with a truthy value) means a feature this runtime does not have.
+  void reject(const char* field, const char* why) const {
+    if (!has(field)) return;
+    const nlohmann::json& v = raw(field);
+    const bool in_use = v.is_boolean() ? v.get<bool>() : v.is_number() ? v.get<double>() != 0 : true;
+    MICROLLM_CHECK(!in_use, NotSupportedError, origin_, "field '", field, "' = ", v.dump(), ": ", why);
+  }
+
+ private:
+  const nlohmann::json& json_;
+  std::string origin_;
+};
+
+// The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, activation).
+nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type);
+
+// Family readers (one file each) and the registry that maps model_type to them.
+nn::TransformerConfig read_llama_config(const ConfigReader& r);
+nn::TransformerConfig read_mistral_config(const ConfigReader& r);
+nn::TransformerConfig read_qwen2_config(const ConfigReader& r);
+nn::TransformerConfig read_qwen3_config(const ConfigReader& r);
+
+}  // namespace microllm::models

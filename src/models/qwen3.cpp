@@ -1,0 +1,14 @@
+// model_type "qwen3": RMSNorm on q and k per head before RoPE (QK-norm), explicit head_dim, no biases.
+#include "config_reader.h"
+
+namespace microllm::models {
+
+nn::TransformerConfig read_qwen3_config(const ConfigReader& r) {
+  nn::TransformerConfig c = read_common_fields(r, "qwen3");
+  c.qk_norm = true;
+  r.reject("attention_bias", "biases on the attention projections are not supported for qwen3");
+  r.reject("use_sliding_window", "sliding-window attention is not supported");
+  return c;
+}
+
+}  // namespace microllm::models
