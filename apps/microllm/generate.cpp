@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "microllm/core/threads.h"
 #include "microllm/tokenizer/tokenizer.h"
+#include "microllm/models/loader.h"
 #include "microllm/train/checkpoint.h"
 #include "microllm/train/data.h"
 
@@ -29,7 +30,7 @@ struct GenerateCliOptions {
 
 void run_generate(const GenerateCliOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  std::unique_ptr<nn::TransformerLM> model = train::load_hf_model(o.checkpoint);
+  std::unique_ptr<nn::TransformerLM> model = models::load_model(o.checkpoint).model;
   const Device device = Device::parse(o.device);
   model->to(device);
   std::optional<Tokenizer> hf;

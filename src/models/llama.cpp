@@ -7,7 +7,6 @@ nn::TransformerConfig read_llama_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "llama");
   // attention_bias puts a bias on q, k, v and o; this runtime's attention has none on o_proj.
   r.reject("attention_bias", "biases on the attention projections are not supported for llama");
-  r.reject("pretraining_tp", "tensor-parallel pretraining slices (pretraining_tp > 1) are not supported");
   return c;
 }
 

@@ -26,6 +26,17 @@ void TransformerConfig::validate() const {
   MICROLLM_CHECK(rope.theta > 0, ValueError, "config", "rope_theta must be > 0, got ", rope.theta);
 }
 
+int64_t TransformerConfig::num_parameters() const {
+  const int64_t d = resolved_head_dim(), q = num_heads * d, kv = num_kv_heads * d;
+  int64_t layer = hidden_size * (q + 2 * kv) + q * hidden_size   // q, k, v, o projections
+                  + 3 * hidden_size * intermediate_size           // gate, up, down
+                  + 2 * hidden_size;                              // the two norms
+  if (attention_bias) layer += q + 2 * kv;
+  if (qk_norm) layer += 2 * d;
+  const int64_t embeddings = vocab_size * hidden_size;
+  return embeddings + num_layers * layer + hidden_size + (tie_word_embeddings ? 0 : embeddings);
+}
+
 TransformerConfig TransformerConfig::preset(const std::string& name, int64_t vocab_size) {
   TransformerConfig c;
   c.vocab_size = vocab_size;

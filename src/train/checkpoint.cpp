@@ -10,7 +10,6 @@
 
 #include "microllm/io/atomic_file.h"
 #include "microllm/io/safetensors.h"
-#include "microllm/train/hf_config.h"
 
 namespace microllm::train {
 
@@ -68,19 +67,6 @@ void write_directory_atomically(const std::string& dir, const std::function<void
     fs::remove_all(old);
   }
   io::sync_directory(parent.string());
-}
-
-void save_hf_model(const std::string& dir, const nn::TransformerLM& model) {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, value] : model_tensors(model)) tensors.emplace_back(name, value.to(DType::f32));
-  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  io::write_text_atomically((fs::path(dir) / "config.json").string(), hf_config_json(model.config()));
-}
-
-std::unique_ptr<nn::TransformerLM> load_hf_model(const std::string& dir) {
-  auto model = std::make_unique<nn::TransformerLM>(load_hf_config(dir), 0);
-  load_model_weights(*model, dir);
-  return model;
 }
 
 }  // namespace microllm::train

@@ -13,7 +13,8 @@
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/optim.h"
 #include "microllm/train/checkpoint.h"
-#include "microllm/train/hf_config.h"
+#include "microllm/models/config.h"
+#include "microllm/models/loader.h"
 #include "microllm/train/plot.h"
 
 namespace microllm::train {
@@ -245,7 +246,7 @@ nn::TransformerConfig model_config(const TrainConfig& config, int64_t vocab_size
     c.attention_bias = config.model_type == "qwen2";
     c.qk_norm = config.model_type == "qwen3";
   } else {
-    c = load_hf_config(config.model);
+    c = models::read_config_file(config.model);
     MICROLLM_CHECK(c.vocab_size >= vocab_size, ValueError, "train", config.model, " has vocab_size ", c.vocab_size,
                    " but the token files use ids up to ", vocab_size - 1);
   }
@@ -425,7 +426,7 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
 void Trainer::save_checkpoint(const std::string& dir) {
   const double elapsed = seconds_before_ + (run_clock_ > 0 ? now_seconds() - run_clock_ : 0);
   write_directory_atomically(dir, [&](const std::string& tmp) {
-    save_hf_model(tmp, *model_);
+    models::save_model(*model_, tmp);
     io::save_safetensors((fs::path(tmp) / "optimizer.safetensors").string(), optimizer_->state(),
                          {{"optimizer", config_.optimizer}, {"step", std::to_string(step())}});
     json state;
@@ -481,11 +482,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
     throw ParseError(state_path, str_cat("not JSON: ", e.what()));
   }
   // The checkpoint's model must be this model.
-  const nn::TransformerConfig saved = load_hf_config(dir);
-  MICROLLM_CHECK(hf_config_json(saved) == hf_config_json(model_->config()), ValueError, dir,
+  const nn::TransformerConfig saved = models::read_config_file(dir);
+  MICROLLM_CHECK(models::write_config(saved) == models::write_config(model_->config()), ValueError, dir,
                  "the checkpoint's config.json describes another model than this config builds");
   try {
-    load_model_weights(*model_, dir);
+    // Into the masters where they are (device, f32), every tensor present: a strict load.
+    models::load_weights(*model_, io::SafetensorsCheckpoint::open(dir),
+                         {model_->named_parameters().front().variable->device(), DType::f32, true});
     const io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
     optimizer_->load_state([&](const std::string& name) { return opt.get(name); });
     const int64_t saved_step = state.at("step").get<int64_t>();

@@ -16,7 +16,7 @@
 #include "microllm/io/atomic_file.h"
 #include "microllm/io/safetensors.h"
 #include "microllm/train/checkpoint.h"
-#include "microllm/train/hf_config.h"
+#include "microllm/models/loader.h"
 #include "test_support.h"
 
 namespace microllm::train {
@@ -220,7 +220,7 @@ TEST_P(TrainerFilesTest, CheckpointHoldsHuggingFaceFilesStateAndMetrics) {
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 4);
   EXPECT_NE(io::read_text_file(c.out_dir + "/loss.svg").find("<polyline"), std::string::npos);
   // The checkpoint loads back as a model with the same weights.
-  auto loaded = load_hf_model(dir);
+  auto loaded = models::load_model(dir).model;
   EXPECT_EQ(weight_bytes(*loaded), [&] {
     trainer.model().to(Device::cpu());
     return weight_bytes(trainer.model());

@@ -29,6 +29,8 @@ struct TransformerConfig {
   std::vector<int64_t> eos_token_ids;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  // The number of weights a TransformerLM of this config holds (tied embeddings counted once).
+  int64_t num_parameters() const;
   // Throws ValueError naming the field when the numbers cannot make a model.
   void validate() const;
   // Presets for training from scratch: "tiny" (~1M parameters with a byte vocabulary), "model-s"

@@ -22,10 +22,7 @@ namespace microllm::train {
 // after every new file is written and synced.
 void write_directory_atomically(const std::string& dir, const std::function<void(const std::string& tmp_dir)>& fill);
 
-// model.safetensors + config.json in `dir` (which exists).
-void save_hf_model(const std::string& dir, const nn::TransformerLM& model);
-// A model from a directory with config.json and model.safetensors (a checkpoint, or a Hugging Face model
-// of a supported family), on the CPU in f32.
-std::unique_ptr<nn::TransformerLM> load_hf_model(const std::string& dir);
+// The model part of a checkpoint (model.safetensors + config.json) is written and read by
+// models::save_model / models::load_model (include/microllm/models/loader.h).
 
 }  // namespace microllm::train

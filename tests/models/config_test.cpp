@@ -1,0 +1,83 @@
+// config.json for every family: the published configs give the published parameter counts, exported
+// configs read back the same, and what the runtime cannot run is refused naming the field.
+#include "microllm/models/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace microllm::models {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kConfigs = fs::path(MICROLLM_SOURCE_DIR) / "tests/fixtures/configs";
+
+TEST(ModelConfig, PublishedConfigsGiveThePublishedParameterCounts) {
+  const struct {
+    const char* file;
+    const char* model_type;
+    int64_t parameters;  // from the model cards / tests/fixtures/configs/README.md
+  } cases[] = {{"qwen2.5-0.5b.json", "qwen2", 494032768},
+               {"deepseek-r1-distill-qwen-1.5b.json", "qwen2", 1777088000},
+               {"qwen3-0.6b.json", "qwen3", 596049920},
+               {"smollm2-135m.json", "llama", 134515008}};
+  for (const auto& c : cases) {
+    const nn::TransformerConfig config = read_config_file((kConfigs / c.file).string());
+    EXPECT_EQ(config.model_type, c.model_type) << c.file;
+    EXPECT_EQ(config.num_parameters(), c.parameters) << c.file;
+    // The exported config reads back to the same model.
+    EXPECT_EQ(write_config(read_config(write_config(config))), write_config(config)) << c.file;
+  }
+  const nn::TransformerConfig qwen3 = read_config_file((kConfigs / "qwen3-0.6b.json").string());
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_EQ(qwen3.resolved_head_dim(), 128);
+  const nn::TransformerConfig qwen25 = read_config_file((kConfigs / "qwen2.5-0.5b.json").string());
+  EXPECT_TRUE(qwen25.attention_bias);
+  EXPECT_TRUE(qwen25.tie_word_embeddings);
+  EXPECT_EQ(qwen25.rope.theta, 1e6);
+}
+
+std::string config_with(const std::string& model_type, const std::string& extra) {
+  return R"({"model_type": ")" + model_type + R"(", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2)" + extra + "}";
+}
+
+void expect_refused(const std::string& json, const std::string& field) {
+  try {
+    read_config(json, "test/config.json");
+    ADD_FAILURE() << "accepted " << json;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test/config.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelConfig, RefusesWhatItCannotRunNamingTheField) {
+  expect_refused(config_with("gpt2", ""), "model_type");
+  expect_refused(config_with("mistral", R"(, "sliding_window": 4096, "max_position_embeddings": 32768)"),
+                 "sliding_window");
+  EXPECT_NO_THROW(read_config(config_with("mistral", R"(, "sliding_window": null)")));
+  expect_refused(config_with("qwen2", R"(, "use_sliding_window": true)"), "use_sliding_window");
+  EXPECT_NO_THROW(read_config(config_with("qwen2", R"(, "use_sliding_window": false, "sliding_window": 4096)")));
+  expect_refused(config_with("qwen2", R"(, "num_experts": 8)"), "num_experts");
+  expect_refused(config_with("llama", R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"), "rope_type");
+  expect_refused(config_with("llama", R"(, "hidden_act": "gelu")"), "hidden_act");
+  expect_refused(config_with("llama", R"(, "attention_bias": true)"), "attention_bias");
+  expect_refused(config_with("qwen3", R"(, "mlp_bias": true)"), "mlp_bias");
+  expect_refused(R"({"model_type": "llama", "vocab_size": 10})", "hidden_size");
+  expect_refused(config_with("llama", R"(, "num_key_value_heads": 3)"), "num_key_value_heads");
+  expect_refused(config_with("llama", R"(, "vocab_size": "many")"), "vocab_size");
+  expect_refused("{", "JSON");
+  const nn::TransformerConfig llama31 = read_config(config_with(
+      "llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "eos_token_id": [1, 2])"));
+  EXPECT_EQ(llama31.rope.scaling.type, RopeScalingType::llama3);
+  EXPECT_EQ(llama31.eos_token_ids, (std::vector<int64_t>{1, 2}));
+  const nn::TransformerConfig transformers5 = read_config(
+      config_with("qwen3", R"(, "head_dim": 12, "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0})"));
+  EXPECT_EQ(transformers5.rope.theta, 5000);
+  EXPECT_EQ(transformers5.head_dim, 12);
+}
+
+}  // namespace
+}  // namespace microllm::models
