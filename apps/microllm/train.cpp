@@ -166,6 +166,9 @@ void run_train(const TrainCliOptions& o) {
   std::cout << (result.interrupted ? "train: interrupted at step " : "train: done, step ") << result.steps << " in "
             << format_duration(result.seconds) << " (" << result.seconds << " s)";
   if (result.last_eval) std::cout << ", val loss " << result.last_eval->nats_per_byte << " nats/byte";
+  if (result.peak_device_bytes > 0) {
+    std::cout << ", peak device memory " << static_cast<double>(result.peak_device_bytes) / 1e9 << " GB";
+  }
   std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir
             << std::endl;
 }

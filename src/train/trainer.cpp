@@ -7,14 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include "microllm/autograd/functions.h"
+#include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/io/safetensors.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/optim.h"
-#include "microllm/train/checkpoint.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
+#include "microllm/train/checkpoint.h"
 #include "microllm/train/plot.h"
 
 namespace microllm::train {
@@ -73,6 +74,7 @@ void for_each_field(C& c, F&& f) {
   f("seq_len", c.seq_len);
   f("grad_accum", c.grad_accum);
   f("steps", c.steps);
+  f("max_seconds", c.max_seconds);
   f("optimizer", c.optimizer);
   f("lr", c.lr);
   f("min_lr_ratio", c.min_lr_ratio);
@@ -312,7 +314,12 @@ void Trainer::train_step() {
   const std::vector<nn::ParameterInfo>& params = optimizer_->parameters();
   last_grad_norm_ = gradient_norm(params);
   const Tensor scale = config_.clip > 0 ? clip_coefficient(last_grad_norm_, config_.clip) : Tensor();
-  optimizer_->step(schedule_.at(optimizer_->steps()), scale);
+  int64_t schedule_step = optimizer_->steps();
+  if (config_.max_seconds > 0) {  // a timed run: the schedule advances with the time spent
+    const double spent = (seconds_before_ + now_seconds() - run_clock_) / config_.max_seconds;
+    schedule_step = std::max(schedule_step, static_cast<int64_t>(spent * static_cast<double>(config_.steps)));
+  }
+  optimizer_->step(schedule_.at(std::min(schedule_step, config_.steps - 1)), scale);
   optimizer_->zero_grad();
 }
 
@@ -404,7 +411,9 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
     train_step();
     const int64_t s = step();
     if (callbacks.on_step) callbacks.on_step(s);
-    const bool last = s == config_.steps;
+    const bool out_of_time =
+        config_.max_seconds > 0 && seconds_before_ + now_seconds() - run_clock_ >= config_.max_seconds;
+    const bool last = s == config_.steps || out_of_time;
     if (s % config_.log_interval == 0 || last) log();
     if ((config_.eval_interval > 0 && s % config_.eval_interval == 0) || last) eval();
     if (interrupt_requested()) {
@@ -414,9 +423,11 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
       break;
     }
     if (last || (config_.checkpoint_interval > 0 && s % config_.checkpoint_interval == 0)) save();
+    if (out_of_time) break;
   }
   result.steps = step();
   result.seconds = now_seconds() - run_clock_;
+  if (device_.is_cuda()) result.peak_device_bytes = cuda::allocator_stats(device_.index).peak_allocated_bytes;
   if (!result.last_eval && !eval_history_.empty()) result.last_eval = eval_history_.back();
   write_loss_curve();
   clear_interrupt();

@@ -59,3 +59,28 @@ if has bench; then
   echo "== bench: exit $?"
   grep -E '^\|' "$RES/cuda_ops.md" 2>/dev/null || tail -20 "$RES/logs/bench.log"
 fi
+
+# Training on the GPU (issue 4): prepare the corpora, then one of:
+#   train-throughput: benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
+#   train-kjv / train-austen: model-s for TRAIN_SECONDS (default 270) on one corpus, curve and checkpoint
+if has train-throughput || has train-kjv || has train-austen; then
+  mkdir -p data && tar xJf .device/corpora.tar.xz -C data
+  for corpus in kjv austen; do
+    "$bin/microllm" prepare --input "data/corpora/$corpus.txt" --output "/tmp/$corpus" > "$RES/logs/prepare_$corpus.log" 2>&1
+  done
+fi
+if has train-throughput; then
+  timeout 500 python3 benchmarks/train_vs_torch.py --microllm "$bin/microllm" \
+    --config tests/fixtures/configs/qwen2.5-0.5b.json --data /tmp/kjv --out "$RES/train_throughput.md" \
+    > "$RES/logs/train_throughput.log" 2>&1
+  echo "== train throughput: exit $?"; cat "$RES/train_throughput.md" 2>/dev/null || tail -30 "$RES/logs/train_throughput.log"
+fi
+for corpus in kjv austen; do
+  if has "train-$corpus"; then
+    timeout 560 "$bin/microllm" train --preset model-s --data "/tmp/$corpus" --device cuda --precision bf16-mixed \
+      --batch-size 64 --seq-len 512 --steps 20000 --lr 2e-3 --warmup 200 --eval-interval 250 \
+      --set max_seconds="${TRAIN_SECONDS:-270}" --set eval_batches=32 --set log_interval=50 \
+      --out "$RES/model_s_$corpus" --set checkpoint_dir="/tmp/ckpt_$corpus" > "$RES/logs/train_$corpus.log" 2>&1
+    echo "== model-s on $corpus: exit $?"; tail -4 "$RES/logs/train_$corpus.log"
+  fi
+done

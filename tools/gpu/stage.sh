@@ -20,3 +20,6 @@ du -sh .device
 # The tokenizer files for the oracles, compressed (they are 30 MB as JSON).
 if [ -d data/tokenizers ]; then tar cJf .device/tokenizers.tar.xz -C data tokenizers; fi
 du -sh .device
+# The training corpora (scripts/fetch-corpora.sh), compressed.
+if [ -d data/corpora ]; then tar cJf .device/corpora.tar.xz -C data corpora; fi
+du -sh .device

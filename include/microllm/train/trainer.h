@@ -35,6 +35,9 @@ struct TrainConfig {
   std::string
       tokenizer;  // an HF tokenizer to copy into checkpoints; "": the one prepare left beside the files, or bytes
   int64_t batch_size = 32, seq_len = 128, grad_accum = 1, steps = 1000;
+  // A wall-clock budget (0: none). Training stops when it is spent, and the learning-rate schedule then
+  // follows the time spent rather than the steps (a run "for 10 minutes"); such runs do not resume exactly.
+  double max_seconds = 0;
   // optimization
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 3e-3, min_lr_ratio = 0.1;
@@ -94,6 +97,7 @@ struct TrainResult {
   std::optional<EvalMetrics> last_eval;
   std::string checkpoint_dir;
   double seconds = 0;
+  size_t peak_device_bytes = 0;  // the caching allocator's peak on a CUDA device (0 on the CPU)
 };
 
 class Trainer {
