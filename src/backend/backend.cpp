@@ -12,10 +12,15 @@ Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_deterministic{true};
 }  // namespace
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+void set_deterministic_algorithms(bool deterministic) {
+  g_deterministic.store(deterministic, std::memory_order_relaxed);
+}
+bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_relaxed); }
 
 Backend& cpu_backend() {
   static CpuBackend backend;

@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "microllm/backend/backend.h"
 #include "microllm/core/cuda.h"
 #include "microllm/ops/ops.h"
 #include "test_support.h"
@@ -222,6 +223,36 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
                            rand({3, 1, 6, 40}, -1, 1)}, fwd_bwd([] { AttentionParams p; p.q_offset = 49; return p; }())},
        }) {
     expect_parity(c, dtype());
+  }
+}
+
+TEST_P(CudaParityTest, FlashBackwardIsBitwiseRepeatableAndAgreesWithTheAtomicMode) {
+  if (dtype() == DType::f32) GTEST_SKIP() << "the flash kernels take bf16/f16";
+  struct RestoreDeterminism {
+    bool was = deterministic_algorithms();
+    ~RestoreDeterminism() { set_deterministic_algorithms(was); }
+  } restore;
+  AttentionParams chunked;  // causal with a query offset: the dQ part sums must stop at each row's last block
+  chunked.q_offset = 100;
+  for (const AttentionParams& p : {AttentionParams{}, chunked}) {
+    const int64_t t = p.q_offset > 0 ? 90 : 333;
+    const Device gpu = Device::cuda(0);
+    const Tensor q = rand({2, t, 8, 64}, -1, 1).to(gpu).transpose(1, 2);
+    const Tensor k = rand({2, t + p.q_offset, 2, 64}, -1, 1).to(gpu).transpose(1, 2);
+    const Tensor v = rand({2, t + p.q_offset, 2, 64}, -1, 1).to(gpu).transpose(1, 2);
+    const Tensor grad_out = rand({2, t, 8, 64}, -1, 1).to(gpu).transpose(1, 2);
+    const AttentionResult fwd = attention(q, k, v, p);
+    auto backward = [&](bool deterministic) {
+      set_deterministic_algorithms(deterministic);
+      const AttentionGrads g = attention_backward(q, k, v, fwd, grad_out, p);
+      return Tensors{g.grad_q.to(Device::cpu()), g.grad_k.to(Device::cpu()), g.grad_v.to(Device::cpu())};
+    };
+    const Tensors first = backward(true), second = backward(true), atomic = backward(false);
+    for (size_t i = 0; i < first.size(); ++i) {
+      const Tensor a = first[i].to(DType::f32), b = second[i].to(DType::f32);
+      EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>()) << "gradient " << i << " differs between two runs";
+      EXPECT_LE(testing::relative_error(atomic[i], first[i]), 1e-2) << "gradient " << i;
+    }
   }
 }
 

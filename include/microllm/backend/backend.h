@@ -143,4 +143,12 @@ Backend& cpu_backend();
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// Whether CUDA kernels must give the same bits on every run (on by default; process-wide). It matters for the
+// flash attention backward: deterministic, each key block writes its dQ part to an f32 buffer
+// ([key blocks, rows, head_dim]) that one kernel sums in a fixed order; otherwise the parts are added with f32
+// atomics (less memory, slightly faster, but the order of the adds, and so the low bits, vary between runs,
+// which breaks bit-exact resume of training).
+void set_deterministic_algorithms(bool deterministic);
+bool deterministic_algorithms();
+
 }  // namespace microllm

@@ -11,13 +11,17 @@
 //      P, dS -> shared memory (bf16/f16, swizzled), then
 //      dV += P^T dO, dK += dS^T Q      [64 x D] (warp w: key m tile w % 4, dims D/2 * (w / 4) ..+D/2;
 //                                       A operands by ldmatrix.trans from P, dS: the transposes are free)
-//      dQ += dS K                      [64 x D] (warp w: query m tile w % 4, dims half w / 4), added to
-//                                       the f32 accumulator with float2 atomics (one add per element and
-//                                       key block; a separate dQ pass would recompute S and dP again).
+//      dQ += dS K                      [64 x D] (warp w: query m tile w % 4, dims half w / 4): the
+//                                       key block's part of dQ (a separate dQ pass would recompute S and
+//                                       dP again). Deterministic (the default, deterministic_algorithms()),
+//                                       it is stored to its own slice of an f32 buffer [key blocks, rows, D];
+//                                       otherwise added to one f32 accumulator with float2 atomics, whose
+//                                       order of adds varies between runs.
 //    The scale is applied once at the end (dK here, dQ in the cast kernel).
-// 3. cast kernel: dQ = scale * accumulator in q's dtype. When the group is split across CTAs (small
-//    batch: keeps >= 2 CTAs per SM busy), each split writes f32 partial dK/dV and a reduce kernel sums
-//    the splits and casts; with one split the main kernel writes dK/dV directly.
+// 3. dQ kernel: dQ = scale * (sum of the key blocks' parts, in key order, only those the row sees) or
+//    scale * accumulator, in q's dtype. When the group is split across CTAs (small batch: keeps >= 2 CTAs
+//    per SM busy), each split writes f32 partial dK/dV and a reduce kernel sums the splits and casts; with
+//    one split the main kernel writes dK/dV directly.
 //
 // Shared memory (elements of 2 bytes): K, V [64][D]; Q, dO [2][64][D]; P, dS [64][64]:
 // D 64: 56 KiB, D 128: 112 KiB (two CTAs per SM).
@@ -28,6 +32,7 @@
 #include "attention_kernels.h"
 #include "attention_mma.cuh"
 #include "common.cuh"
+#include "microllm/backend/backend.h"
 
 namespace microllm::cuda_kernels::attention {
 namespace {
@@ -52,7 +57,8 @@ struct BwdArgs {
   const void* dout;
   const float* lse;    // [B, Hq, T]
   const float* delta;  // [B, Hq, T]
-  float* dq_acc;       // [B, Hq, T, D] f32, zeroed by the prep kernel
+  float* dq_acc;       // [B, Hq, T, D] f32, zeroed by the prep kernel (atomic mode), or
+  float* dq_part;      // [key blocks, B, Hq, T, D] f32, one slice per key block (deterministic mode)
   void* dk;            // [B, Hkv, S, D] in T, or f32 partials [n_split, B, Hkv, S, D]
   void* dv;
   int64_t q_stride[3], k_stride[3], v_stride[3], do_stride[3];  // batch, head, position; dim stride 1
@@ -255,10 +261,19 @@ __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const Bw
       for (int hf = 0; hf < 2; ++hf) {
         const int row = q0 + wm * 16 + g + hf * 8;
         if (row >= a.q_len) continue;
-        float* dst = a.dq_acc + (row_base + row) * D + wn * DH + 2 * t4;
+        const int64_t at = (row_base + row) * D + wn * DH + 2 * t4;
+        if (a.dq_part != nullptr) {
+          float* dst = a.dq_part + static_cast<int64_t>(blockIdx.y) * a.batch * a.q_heads * a.q_len * D + at;
 #pragma unroll
-        for (int dn = 0; dn < NDT; ++dn) {
-          atomicAdd(reinterpret_cast<float2*>(dst + dn * 8), make_float2(dq[dn][2 * hf], dq[dn][2 * hf + 1]));
+          for (int dn = 0; dn < NDT; ++dn) {
+            *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(dq[dn][2 * hf], dq[dn][2 * hf + 1]);
+          }
+        } else {
+          float* dst = a.dq_acc + at;
+#pragma unroll
+          for (int dn = 0; dn < NDT; ++dn) {
+            atomicAdd(reinterpret_cast<float2*>(dst + dn * 8), make_float2(dq[dn][2 * hf], dq[dn][2 * hf + 1]));
+          }
         }
       }
     }
@@ -288,7 +303,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const Bw
   }
 }
 
-// delta[r] = sum_d dO[r, d] * O[r, d] (f32) and dq_acc[r, :] = 0; one warp per row (b, h, i).
+// delta[r] = sum_d dO[r, d] * O[r, d] (f32) and dq_acc[r, :] = 0 when there is one; one warp per row (b, h, i).
 template <typename T>
 __global__ void __launch_bounds__(256)
     prep_kernel(const T* __restrict__ out, int64_t o_s0, int64_t o_s1, int64_t o_s2, int64_t o_s3,
@@ -303,7 +318,7 @@ __global__ void __launch_bounds__(256)
     float sum = 0.f;
     for (int c = lane; c < D; c += 32) {
       sum += to_acc(o[c * o_s3]) * to_acc(d[c * d_s3]);
-      dq_acc[r * D + c] = 0.f;
+      if (dq_acc != nullptr) dq_acc[r * D + c] = 0.f;
     }
     sum = warp_sum(sum);
     if (lane == 0) delta[r] = sum;
@@ -313,6 +328,22 @@ __global__ void __launch_bounds__(256)
 template <typename T>
 __global__ void cast_dq_kernel(const float* __restrict__ acc, float scale, int64_t n, T* __restrict__ dq) {
   MICROLLM_GRID_STRIDE_LOOP(i, n) { dq[i] = from_acc<T>(scale * acc[i]); }
+}
+
+// dq[r, d] = scale * sum over the key blocks row r sees (in order) of part[kb, r, d]. Causal, the row at
+// position i sees key blocks 0 .. (q_offset + i) / BC; the main kernel wrote exactly those slices.
+template <typename T>
+__global__ void sum_dq_parts_kernel(const float* __restrict__ part, float scale, int64_t rows, int D, int q_len,
+                                    int n_kb, bool causal, int q_offset, T* __restrict__ dq) {
+  const int64_t n = rows * D;
+  MICROLLM_GRID_STRIDE_LOOP(e, n) {
+    const int64_t r = e / D;
+    const int i = static_cast<int>(r % q_len);
+    const int seen = causal ? min(n_kb, (q_offset + i) / kBC + 1) : n_kb;
+    float sum = 0.f;
+    for (int kb = 0; kb < seen; ++kb) sum += part[kb * n + e];
+    dq[e] = from_acc<T>(scale * sum);
+  }
 }
 
 // dk[i] = sum over splits of part_k[s, i] (already scaled), likewise dv.
@@ -357,18 +388,21 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
                      const Tensor& grad_v, cudaStream_t stream, int device) {
   const Device dev = q.device();
   const int64_t rows = p.batch * p.q_heads * p.q_len;
+  const int64_t n_kb = (p.kv_len + kBC - 1) / kBC;
+  const bool deterministic = deterministic_algorithms();
   const Tensor delta = Tensor::empty({rows}, DType::f32, dev);
-  const Tensor dq_acc = Tensor::empty({rows * D}, DType::f32, dev);
+  const Tensor dq_acc = deterministic ? Tensor() : Tensor::empty({rows * D}, DType::f32, dev);
+  const Tensor dq_part = deterministic ? Tensor::empty({n_kb * rows * D}, DType::f32, dev) : Tensor();
   {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, int64_t{1} << 20));
     prep_kernel<T><<<blocks, 256, 0, stream>>>(
         static_cast<const T*>(out.data_ptr()), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
         static_cast<const T*>(dout.data_ptr()), dout.stride(0), dout.stride(1), dout.stride(2), dout.stride(3),
-        rows, static_cast<int>(p.q_heads), static_cast<int>(p.q_len), D, delta.data<float>(), dq_acc.data<float>());
+        rows, static_cast<int>(p.q_heads), static_cast<int>(p.q_len), D, delta.data<float>(),
+        deterministic ? nullptr : dq_acc.data<float>());
     MICROLLM_CUDA_CHECK_LAUNCH();
   }
 
-  const int64_t n_kb = (p.kv_len + kBC - 1) / kBC;
   const int n_split = choose_split(p.batch * p.kv_heads * n_kb, p.group, 2 * multiprocessor_count(device));
   const int64_t kv_elems = p.batch * p.kv_heads * p.kv_len * D;
   Tensor part_k, part_v;
@@ -379,7 +413,8 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
   a.dout = dout.data_ptr();
   a.lse = lse.data<float>();
   a.delta = delta.data<float>();
-  a.dq_acc = dq_acc.data<float>();
+  a.dq_acc = deterministic ? nullptr : dq_acc.data<float>();
+  a.dq_part = deterministic ? dq_part.data<float>() : nullptr;
   if (n_split > 1) {
     part_k = Tensor::empty({n_split * kv_elems}, DType::f32, dev);
     part_v = Tensor::empty({n_split * kv_elems}, DType::f32, dev);
@@ -414,8 +449,14 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
   MICROLLM_CUDA_CHECK_LAUNCH();
 
   const int64_t q_elems = rows * D;
-  cast_dq_kernel<T><<<grid_for(q_elems), kThreads, 0, stream>>>(dq_acc.data<float>(), a.scale, q_elems,
-                                                                  static_cast<T*>(grad_q.data_ptr()));
+  if (deterministic) {
+    sum_dq_parts_kernel<T><<<grid_for(q_elems), kThreads, 0, stream>>>(
+        dq_part.data<float>(), a.scale, rows, D, a.q_len, static_cast<int>(n_kb), a.causal, a.q_offset,
+        static_cast<T*>(grad_q.data_ptr()));
+  } else {
+    cast_dq_kernel<T><<<grid_for(q_elems), kThreads, 0, stream>>>(dq_acc.data<float>(), a.scale, q_elems,
+                                                                    static_cast<T*>(grad_q.data_ptr()));
+  }
   MICROLLM_CUDA_CHECK_LAUNCH();
   if (n_split > 1) {
     reduce_splits_kernel<T><<<grid_for(kv_elems), kThreads, 0, stream>>>(
