@@ -39,6 +39,37 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
 
 void accumulate(Tensor& sum, const Tensor& grad) { sum = sum.defined() ? add(sum, grad) : grad; }
 
+// Runs one node's backward on the gradients pending for it (none reached it: nothing to do), adding its
+// input gradients into the leaves' grad and the producers' pending slots.
+void run_node(std::unordered_map<Node*, std::vector<Tensor>>& pending, Node* node) {
+  auto it = pending.find(node);
+  if (it == pending.end()) return;  // no gradient reached this node
+  const std::vector<Tensor> grad_outputs = std::move(it->second);
+  pending.erase(it);
+  MICROLLM_CHECK(node->backward != nullptr, ValueError, "backward", "the graph through ", node->name,
+                 " was already used by a backward pass (its saved tensors are released)");
+  const std::vector<Tensor> grad_inputs = node->backward(grad_outputs);
+  node->backward = nullptr;  // releases the tensors the op saved
+  MICROLLM_CHECK(grad_inputs.size() == node->inputs.size(), ValueError, "backward", node->name, " returned ",
+                 grad_inputs.size(), " gradients for ", node->inputs.size(), " inputs");
+  for (size_t i = 0; i < grad_inputs.size(); ++i) {
+    const Variable& input = node->inputs[i];
+    const Tensor& g = grad_inputs[i];
+    if (!input.defined() || !g.defined()) continue;
+    MICROLLM_CHECK(g.shape() == input.shape(), ShapeError, "backward", node->name, " gave input ", i,
+                   " a gradient of shape ", g.shape(), " for a value of shape ", input.shape());
+    VariableImpl& target = *input.impl();
+    if (!target.grad_fn) {
+      accumulate(target.grad, g);
+    } else {
+      auto& slots = pending[target.grad_fn.get()];
+      slots.resize(static_cast<size_t>(target.grad_fn->num_outputs));
+      accumulate(slots[static_cast<size_t>(target.output_index)], g);
+    }
+  }
+  node->inputs.clear();  // the intermediate values this node kept alive can go too
+}
+
 }  // namespace
 
 Variable::Variable(Tensor value, bool requires_grad) : impl_(std::make_shared<VariableImpl>()) {
@@ -80,6 +111,11 @@ void Variable::set_requires_grad(bool requires_grad) {
 
 Variable Variable::detach() const { return Variable(value(), false); }
 
+void Variable::set_post_accumulate_hook(PostAccumulateHook hook) {
+  MICROLLM_CHECK(is_leaf(), ValueError, "autograd", "a post-accumulate hook can only be set on a leaf variable");
+  impl_->post_accumulate_hook = std::move(hook);
+}
+
 void Variable::backward(const Tensor& grad_output) const {
   checked(impl_, "backward");
   MICROLLM_CHECK(impl_->requires_grad, ValueError, "backward", "the variable does not require a gradient");
@@ -93,39 +129,38 @@ void Variable::backward(const Tensor& grad_output) const {
                  " does not match the output shape ", value().shape());
   if (!impl_->grad_fn) {
     accumulate(impl_->grad, seed);
+    if (impl_->post_accumulate_hook) impl_->post_accumulate_hook(*this);
     return;
   }
   std::unordered_map<Node*, std::vector<Tensor>> pending;
   pending[impl_->grad_fn.get()].resize(static_cast<size_t>(impl_->grad_fn->num_outputs));
   pending[impl_->grad_fn.get()][static_cast<size_t>(impl_->output_index)] = seed;
-  for (const std::shared_ptr<Node>& node_ptr : topological_order(impl_->grad_fn)) {
-    Node* node = node_ptr.get();
-    auto it = pending.find(node);
-    if (it == pending.end()) continue;  // no gradient reached this node
-    const std::vector<Tensor> grad_outputs = std::move(it->second);
-    pending.erase(it);
-    MICROLLM_CHECK(node->backward != nullptr, ValueError, "backward", "the graph through ", node->name,
-                   " was already used by a backward pass (its saved tensors are released)");
-    const std::vector<Tensor> grad_inputs = node->backward(grad_outputs);
-    node->backward = nullptr;  // releases the tensors the op saved
-    MICROLLM_CHECK(grad_inputs.size() == node->inputs.size(), ValueError, "backward", node->name, " returned ",
-                   grad_inputs.size(), " gradients for ", node->inputs.size(), " inputs");
-    for (size_t i = 0; i < grad_inputs.size(); ++i) {
-      const Variable& input = node->inputs[i];
-      const Tensor& g = grad_inputs[i];
-      if (!input.defined() || !g.defined()) continue;
-      MICROLLM_CHECK(g.shape() == input.shape(), ShapeError, "backward", node->name, " gave input ", i,
-                     " a gradient of shape ", g.shape(), " for a value of shape ", input.shape());
-      VariableImpl& target = *input.impl();
-      if (!target.grad_fn) {
-        accumulate(target.grad, g);
-      } else {
-        auto& slots = pending[target.grad_fn.get()];
-        slots.resize(static_cast<size_t>(target.grad_fn->num_outputs));
-        accumulate(slots[static_cast<size_t>(target.output_index)], g);
+  const std::vector<std::shared_ptr<Node>> order = topological_order(impl_->grad_fn);
+  // Leaves with a post-accumulate hook, listed under the last node (in this order) that feeds them: once
+  // that node has run, no more gradient reaches the leaf in this pass.
+  std::vector<std::vector<Variable>> hooks_after(order.size());
+  {
+    std::unordered_map<VariableImpl*, size_t> last_use;
+    for (size_t n = 0; n < order.size(); ++n) {
+      for (const Variable& input : order[n]->inputs) {
+        if (input.defined() && !input.impl()->grad_fn && input.impl()->post_accumulate_hook)
+          last_use[input.impl().get()] = n;
       }
     }
-    node->inputs.clear();  // the intermediate values this node kept alive can go too
+    for (size_t n = 0; n < order.size(); ++n) {
+      for (const Variable& input : order[n]->inputs) {
+        auto it = input.defined() ? last_use.find(input.impl().get()) : last_use.end();
+        if (it != last_use.end() && it->second == n) {
+          hooks_after[n].push_back(input);
+          last_use.erase(it);  // a leaf used twice by one node is listed once
+        }
+      }
+    }
+  }
+  for (size_t n = 0; n < order.size(); ++n) {
+    Node* node = order[n].get();
+    run_node(pending, node);
+    for (const Variable& leaf : hooks_after[n]) leaf.impl()->post_accumulate_hook(leaf);
   }
 }
 

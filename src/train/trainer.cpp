@@ -1,7 +1,11 @@
 #include "microllm/train/trainer.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,6 +13,8 @@
 #include "microllm/autograd/functions.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
+#include "microllm/distributed/communicator.h"
+#include "microllm/distributed/ddp.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/io/safetensors.h"
 #include "microllm/ops/elementwise.h"
@@ -98,6 +104,9 @@ void for_each_field(C& c, F&& f) {
   f("seed", c.seed);
   f("resume", c.resume);
   f("threads", c.threads);
+  f("distributed", c.distributed);
+  f("zero1", c.zero1);
+  f("bucket_mb", c.bucket_mb);
 }
 
 template <typename T>
@@ -179,6 +188,11 @@ void TrainConfig::validate() const {
                  "optimizer_dtype must be f32 or bf16, got '", optimizer_dtype, "'");
   MICROLLM_CHECK(model_type == "llama" || model_type == "qwen2" || model_type == "qwen3", ValueError, "train config",
                  "model_type must be llama, qwen2 or qwen3, got '", model_type, "'");
+  MICROLLM_CHECK(distributed == "auto" || distributed == "off" || distributed == "mpi" || distributed == "nccl" ||
+                     distributed == "local",
+                 ValueError, "train config", "distributed must be auto, off, mpi, nccl or local, got '", distributed,
+                 "'");
+  MICROLLM_CHECK(bucket_mb > 0, ValueError, "train config", "bucket_mb must be > 0, got ", bucket_mb);
   lr_schedule().validate();
   Device::parse(device);
 }
@@ -254,15 +268,36 @@ nn::TransformerConfig model_config(const TrainConfig& config, int64_t vocab_size
   }
   return c;
 }
+
+size_t peak_resident_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<size_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
 }  // namespace
 
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   config_.validate();
   if (config_.threads > 0) set_num_threads(config_.threads);
   device_ = Device::parse(config_.device);
+  // Data parallelism: one process per device, launched by mpirun or torchrun (docs/DISTRIBUTED.md).
+  const distributed::LaunchInfo launch =
+      config_.distributed == "off" ? distributed::LaunchInfo{} : distributed::detect_launch();
+  const bool data_parallel = config_.distributed != "off" && (launch.world_size > 1 || config_.distributed != "auto");
+  if (data_parallel) {
+    if (config_.device == "cuda") device_ = Device::cuda(launch.local_rank);  // each process its own GPU
+    // Processes sharing a machine share its cores, unless told otherwise.
+    if (config_.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr && launch.local_world_size > 1)
+      set_num_threads(std::max(1, num_threads() / launch.local_world_size));
+  }
   MICROLLM_CHECK(!device_.is_cuda() || device_.index < cuda_device_count(), DeviceError, "train", "device ",
                  config_.device, " is not available (", cuda_device_count(), " CUDA devices)");
   compute_dtype_ = config_.precision == "bf16-mixed" ? DType::bf16 : DType::f32;
+  if (data_parallel) {
+    comm_ = distributed::create_communicator({.backend = config_.distributed, .device = device_});
+    MICROLLM_CHECK(config_.batch_size % comm_->world_size() == 0, ValueError, "train", "batch_size ",
+                   config_.batch_size, " (the global batch) is not divisible by the world size ", comm_->world_size());
+  }
   train_file_ = std::make_unique<TokenFile>(TokenFile::open(config_.train_data));
   const auto vocab = static_cast<int64_t>(train_file_->info().vocab_size);
   if (!config_.val_data.empty()) {
@@ -282,7 +317,12 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   oc.beta1 = config_.beta1, oc.beta2 = config_.beta2, oc.eps = config_.eps;
   oc.weight_decay = config_.weight_decay, oc.momentum = config_.momentum;
   oc.state_dtype = parse_dtype(config_.optimizer_dtype);
-  optimizer_ = std::make_unique<Optimizer>(model_->named_parameters(), oc);
+  if (comm_) {  // gradients averaged over the ranks; with ZeRO-1 this rank's optimizer updates its shard only
+    ddp_ = std::make_unique<distributed::DataParallel>(
+        model_->named_parameters(), *comm_,
+        distributed::DataParallelOptions{.bucket_mb = config_.bucket_mb, .zero1 = config_.zero1});
+  }
+  optimizer_ = std::make_unique<Optimizer>(ddp_ ? ddp_->optimizer_parameters() : model_->named_parameters(), oc);
   // The sampler's stream differs from the initialization's (which used Generator(seed)).
   sampler_ = std::make_unique<BatchSampler>(*train_file_, config_.batch_size, config_.seq_len,
                                             config_.seed ^ 0x5851F42D4C957F2Dull);
@@ -296,12 +336,35 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 
 Trainer::~Trainer() = default;
 
+int Trainer::rank() const { return comm_ ? comm_->rank() : 0; }
+int Trainer::world_size() const { return comm_ ? comm_->world_size() : 1; }
+
+void Trainer::zero_grad() {
+  optimizer_->zero_grad();
+  if (ddp_) ddp_->zero_grad();
+}
+
+bool Trainer::stop_requested() {
+  if (!comm_) return interrupt_requested();
+  return comm_->all_reduce_scalar(interrupt_requested() ? 1 : 0) > 0;  // every rank stops after the same step
+}
+
+double Trainer::train_seconds() {
+  const double seconds = seconds_before_ + now_seconds() - run_clock_;
+  return comm_ ? comm_->all_reduce_scalar(seconds, distributed::ReduceOp::avg) : seconds;  // one clock for all
+}
+
 void Trainer::train_step() {
   nn::ForwardContext ctx;
   ctx.compute_dtype = compute_dtype_;
-  optimizer_->zero_grad();
+  zero_grad();
+  const int64_t rows = config_.batch_size / world_size(), first_row = rows * rank();
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-    const Batch batch = sampler_->next();
+    Batch batch = sampler_->next();  // the global batch: every rank draws it and trains on its rows
+    if (ddp_) {
+      batch = {batch.ids.narrow(0, first_row, rows), batch.targets.narrow(0, first_row, rows)};
+      ddp_->set_sync(micro + 1 == config_.grad_accum);  // gradients travel after the last micro-batch only
+    }
     const Tensor ids = batch.ids.to(device_), targets = batch.targets.to(device_);
     const autograd::Variable loss = model_->loss(ids, targets, ctx);
     // Each micro-batch's mean loss weighs 1 / grad_accum: the gradients add up to those of the mean
@@ -311,16 +374,18 @@ void Trainer::train_step() {
     ++loss_count_;
     tokens_ += config_.batch_size * config_.seq_len;
   }
+  if (ddp_) ddp_->finish_gradients();  // every gradient is now the mean over the ranks
   const std::vector<nn::ParameterInfo>& params = optimizer_->parameters();
-  last_grad_norm_ = gradient_norm(params);
+  last_grad_norm_ = ddp_ ? ddp_->gradient_norm() : gradient_norm(params);
   const Tensor scale = config_.clip > 0 ? clip_coefficient(last_grad_norm_, config_.clip) : Tensor();
   int64_t schedule_step = optimizer_->steps();
   if (config_.max_seconds > 0) {  // a timed run: the schedule advances with the time spent
-    const double spent = (seconds_before_ + now_seconds() - run_clock_) / config_.max_seconds;
+    const double spent = train_seconds() / config_.max_seconds;
     schedule_step = std::max(schedule_step, static_cast<int64_t>(spent * static_cast<double>(config_.steps)));
   }
   optimizer_->step(schedule_.at(std::min(schedule_step, config_.steps - 1)), scale);
-  optimizer_->zero_grad();
+  if (ddp_) ddp_->after_step();  // ZeRO-1: all-gathers the updated parameters
+  zero_grad();
 }
 
 EvalMetrics Trainer::evaluate() {
@@ -332,11 +397,13 @@ EvalMetrics Trainer::evaluate() {
   nn::ForwardContext ctx;
   ctx.compute_dtype = compute_dtype_;
   Tensor sum;
-  for (const Batch& b : val_batches_) {
-    const Tensor loss = model_->loss(b.ids, b.targets, ctx).value();
+  for (size_t i = static_cast<size_t>(rank()); i < val_batches_.size(); i += static_cast<size_t>(world_size())) {
+    const Tensor loss = model_->loss(val_batches_[i].ids, val_batches_[i].targets, ctx).value();
     sum = sum.defined() ? add(sum, loss) : loss;
   }
-  m.loss = sum.item<double>() / static_cast<double>(val_batches_.size());
+  double total = sum.defined() ? sum.item<double>() : 0;
+  if (comm_) total = comm_->all_reduce_scalar(total);  // each rank evaluated every world_size-th batch
+  m.loss = total / static_cast<double>(val_batches_.size());
   m.nats_per_byte = m.loss / val_file_->bytes_per_token();
   m.seconds = now_seconds() - start;
   return m;
@@ -347,6 +414,7 @@ StepMetrics Trainer::flush_log() {
   m.step = step();
   m.lr = schedule_.at(std::max<int64_t>(0, step() - 1));
   m.loss = loss_count_ > 0 ? loss_sum_.item<double>() / static_cast<double>(loss_count_) : 0;  // waits for the device
+  if (comm_) m.loss = comm_->all_reduce_scalar(m.loss, distributed::ReduceOp::avg);  // over every rank's rows
   m.grad_norm = last_grad_norm_.defined() ? last_grad_norm_.item<double>() : 0;
   const double now = now_seconds();
   m.tokens = tokens_;
@@ -360,12 +428,14 @@ StepMetrics Trainer::flush_log() {
 }
 
 void Trainer::write_metrics_line(const std::string& line) {
+  if (rank() != 0) return;
   std::ofstream out(fs::path(config_.out_dir) / "metrics.jsonl", std::ios::app);
   if (!out) throw IoError(config_.out_dir, "cannot append to metrics.jsonl");
   out << line << "\n";
 }
 
 void Trainer::write_loss_curve() const {
+  if (comm_ && comm_->rank() != 0) return;
   Series train{"train loss", "#1f77b4", {}}, val{"val loss", "#d62728", {}};
   for (const StepMetrics& m : train_history_) train.points.emplace_back(static_cast<double>(m.step), m.loss);
   for (const EvalMetrics& m : eval_history_) val.points.emplace_back(static_cast<double>(m.step), m.loss);
@@ -375,10 +445,20 @@ void Trainer::write_loss_curve() const {
 }
 
 TrainResult Trainer::run(const TrainCallbacks& callbacks) {
+  if (world_size() == 1) return run_loop(callbacks);
+  try {
+    return run_loop(callbacks);
+  } catch (const std::exception& e) {
+    // The other ranks would wait for this one at their next collective: end the whole job instead.
+    distributed::abort_job(str_cat("train: ", e.what()));
+  }
+}
+
+TrainResult Trainer::run_loop(const TrainCallbacks& callbacks) {
   SigintGuard sigint;
   clear_interrupt();
   fs::create_directories(config_.out_dir);
-  {  // metrics.jsonl holds this run's history: rewritten from the checkpoint's when resuming
+  if (rank() == 0) {  // metrics.jsonl holds this run's history: rewritten from the checkpoint's when resuming
     std::ofstream out(fs::path(config_.out_dir) / "metrics.jsonl", std::ios::trunc);
     if (!out) throw IoError(config_.out_dir, "cannot write metrics.jsonl");
     for (const StepMetrics& m : train_history_) out << step_json(m).dump() << "\n";
@@ -411,12 +491,11 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
     train_step();
     const int64_t s = step();
     if (callbacks.on_step) callbacks.on_step(s);
-    const bool out_of_time =
-        config_.max_seconds > 0 && seconds_before_ + now_seconds() - run_clock_ >= config_.max_seconds;
+    const bool out_of_time = config_.max_seconds > 0 && train_seconds() >= config_.max_seconds;
     const bool last = s == config_.steps || out_of_time;
     if (s % config_.log_interval == 0 || last) log();
     if ((config_.eval_interval > 0 && s % config_.eval_interval == 0) || last) eval();
-    if (interrupt_requested()) {
+    if (stop_requested()) {
       if (loss_count_ > 0) log();
       save();
       result.interrupted = true;
@@ -428,6 +507,15 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
   result.steps = step();
   result.seconds = now_seconds() - run_clock_;
   if (device_.is_cuda()) result.peak_device_bytes = cuda::allocator_stats(device_.index).peak_allocated_bytes;
+  std::vector<double> peaks(static_cast<size_t>(world_size()), 0.0);
+  peaks[static_cast<size_t>(rank())] =
+      static_cast<double>(device_.is_cuda() ? result.peak_device_bytes : peak_resident_bytes());
+  if (comm_) {  // every rank's peak, for the report
+    const Tensor all = Tensor::from_vector(peaks, {world_size()}, comm_->device());
+    comm_->all_reduce(all);
+    peaks = all.to_vector<double>();
+  }
+  for (double p : peaks) result.peak_bytes_per_rank.push_back(static_cast<size_t>(p));
   if (!result.last_eval && !eval_history_.empty()) result.last_eval = eval_history_.back();
   write_loss_curve();
   clear_interrupt();
@@ -436,9 +524,17 @@ TrainResult Trainer::run(const TrainCallbacks& callbacks) {
 
 void Trainer::save_checkpoint(const std::string& dir) {
   const double elapsed = seconds_before_ + (run_clock_ > 0 ? now_seconds() - run_clock_ : 0);
+  // The optimizer state as one process would hold it (ZeRO-1 gathers the shards: every rank takes part),
+  // so that the checkpoint loads at any world size. Rank 0 writes; the others wait until it is complete.
+  const std::vector<std::pair<std::string, Tensor>> optimizer_state =
+      ddp_ ? ddp_->gather_optimizer_state(optimizer_->state()) : optimizer_->state();
+  if (rank() != 0) {
+    comm_->barrier();
+    return;
+  }
   write_directory_atomically(dir, [&](const std::string& tmp) {
     models::save_model(*model_, tmp);
-    io::save_safetensors((fs::path(tmp) / "optimizer.safetensors").string(), optimizer_->state(),
+    io::save_safetensors((fs::path(tmp) / "optimizer.safetensors").string(), optimizer_state,
                          {{"optimizer", config_.optimizer}, {"step", std::to_string(step())}});
     json state;
     state["format"] = "microllm-trainer-state";
@@ -482,6 +578,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
       }
     }
   });
+  if (comm_) comm_->barrier();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -501,7 +598,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
     models::load_weights(*model_, io::SafetensorsCheckpoint::open(dir),
                          {model_->named_parameters().front().variable->device(), DType::f32, true});
     const io::SafetensorsFile opt = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-    optimizer_->load_state([&](const std::string& name) { return opt.get(name); });
+    const std::function<Tensor(const std::string&)> get = [&](const std::string& name) { return opt.get(name); };
+    optimizer_->load_state(ddp_ ? ddp_->shard_state_getter(get) : get);  // ZeRO-1: this rank's slices
     const int64_t saved_step = state.at("step").get<int64_t>();
     MICROLLM_CHECK(saved_step == optimizer_->steps(), ParseError, state_path, "step ", saved_step,
                    " differs from the optimizer's ", optimizer_->steps());

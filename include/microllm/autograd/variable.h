@@ -51,6 +51,13 @@ class Variable {
   // Back-propagates from this variable. A scalar seeds with 1; otherwise pass grad_output (its shape).
   void backward(const Tensor& grad_output = Tensor()) const;
 
+  // A leaf's post-accumulate hook: during each backward() that reaches this leaf, called once, right after
+  // the last gradient of that pass was added into grad() (the leaf is passed in; its grad() may be undefined
+  // when no gradient flowed). Data-parallel training starts a gradient bucket's all-reduce from it while
+  // backward goes on. An empty function removes the hook.
+  using PostAccumulateHook = std::function<void(const Variable& leaf)>;
+  void set_post_accumulate_hook(PostAccumulateHook hook);
+
   // Internal: the autograd machinery.
   const std::shared_ptr<VariableImpl>& impl() const { return impl_; }
   static Variable from_impl(std::shared_ptr<VariableImpl> impl);
@@ -75,6 +82,7 @@ struct VariableImpl {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;  // null for leaves
   int output_index = 0;           // which output of grad_fn this is
+  Variable::PostAccumulateHook post_accumulate_hook;  // leaves only; see Variable::set_post_accumulate_hook
 };
 
 // ---- grad mode ----

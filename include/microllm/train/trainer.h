@@ -10,6 +10,12 @@
 // One optimizer step: for each of grad_accum micro-batches, loss / grad_accum backward (gradients add up
 // in the parameters); the gradient norm and the clip factor are computed on the device; the optimizer
 // reads the factor there; gradients are dropped. The host reads the loss and the norm only when it logs.
+//
+// Data parallel (docs/DISTRIBUTED.md): launched by mpirun or with torchrun's environment, each process
+// (rank) trains the same model on rows [rank * B / W, (rank + 1) * B / W) of every global batch of B rows,
+// and distributed::DataParallel averages the gradients, so the steps, the batches and the learning-rate
+// schedule are those of one process with batch B. Rank 0 alone writes metrics and checkpoints (the others
+// wait); checkpoints load at any world size. Callbacks run on every rank (Trainer::rank() says which).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +29,11 @@
 #include "microllm/train/data.h"
 #include "microllm/train/optimizer.h"
 #include "microllm/train/schedule.h"
+
+namespace microllm::distributed {
+class Communicator;
+class DataParallel;
+}  // namespace microllm::distributed
 
 namespace microllm::train {
 
@@ -58,6 +69,11 @@ struct TrainConfig {
   uint64_t seed = 1337;  // model initialization and the batch sampler
   bool resume = false;   // continue from checkpoint_dir when it holds a checkpoint
   int threads = 0;       // CPU threads (0: OMP_NUM_THREADS or all cores)
+  // data parallel: auto (a job launched by mpirun / torchrun: MPI on the CPU, NCCL on GPUs), off, or a backend
+  // forced even for one process (mpi, nccl); batch_size is the global batch, split over the ranks
+  std::string distributed = "auto";
+  bool zero1 = false;      // shard the optimizer state over the ranks (ZeRO-1)
+  double bucket_mb = 25;   // gradient bucket size (MB)
 
   // JSON object with the fields above (plus "data": prefix). Unknown keys are a ParseError (typos).
   static TrainConfig from_json(const std::string& json_text, const std::string& origin = "config");
@@ -98,6 +114,9 @@ struct TrainResult {
   std::string checkpoint_dir;
   double seconds = 0;
   size_t peak_device_bytes = 0;  // the caching allocator's peak on a CUDA device (0 on the CPU)
+  // Per rank (one entry without data parallelism): the CUDA allocator's peak, or the peak resident set
+  // size of the process on the CPU.
+  std::vector<size_t> peak_bytes_per_rank;
 };
 
 class Trainer {
@@ -122,8 +141,16 @@ class Trainer {
   int64_t step() const { return optimizer_->steps(); }
   bool resumed() const { return resumed_; }
   Device device() const { return device_; }
+  // Data parallelism: this process's rank and the number of ranks (0 and 1 without it).
+  int rank() const;
+  int world_size() const;
+  distributed::DataParallel* data_parallel() { return ddp_.get(); }  // null without it
 
  private:
+  TrainResult run_loop(const TrainCallbacks& callbacks);
+  void zero_grad();
+  bool stop_requested();        // SIGINT on any rank
+  double train_seconds();       // this run's training clock (data parallel: the ranks' mean)
   StepMetrics flush_log();
   void write_metrics_line(const std::string& line);
   void write_loss_curve() const;
@@ -135,6 +162,8 @@ class Trainer {
   std::unique_ptr<BatchSampler> sampler_;
   std::vector<Batch> val_batches_;
   std::unique_ptr<nn::TransformerLM> model_;
+  std::unique_ptr<distributed::Communicator> comm_;  // null, or the job's (data parallel)
+  std::unique_ptr<distributed::DataParallel> ddp_;
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule schedule_;
   bool resumed_ = false;
