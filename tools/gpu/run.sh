@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (device tool): CUDA tests, compute-sanitizer, benchmarks against
-# PyTorch in the same run, and the oracles (golden files from PyTorch / transformers / tokenizers).
-# Everything lands in $OUT/results.tgz (the device tool returns at most 8 files) and a summary prints.
-# Prepare here with tools/gpu/stage.sh, then:
-#   device run, carry [".device"], command: bash tools/gpu/run.sh [tests] [sanitize] [bench] [oracle] | all
+# PyTorch in the same run, the oracles (golden files from PyTorch / transformers / tokenizers), model
+# parity and training runs. Prepare here with tools/gpu/stage.sh, then:
+#   device run, carry [".device"], command: bash tools/gpu/run.sh STEP... | all
+# Steps run in the order given:
+#   tests            every *_tests program, CUDA cases only
+#   sanitize         compute-sanitizer memcheck + racecheck on the CUDA op suite, memcheck on the runtime
+#   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
+#   oracle           tokenizer, training and model golden files (tests/fixtures/...)
+#   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
+#   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
+#   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
+# Results land in $OUT/results.tgz, rewritten after every step (the device tool returns few files, and a
+# call cut short by its time limit still returns what finished).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
@@ -12,38 +21,24 @@ OUT=${OUT:-/tmp/out}
 RES=$(mktemp -d)
 mkdir -p "$OUT" "$RES/logs" "$RES/fixtures"
 bin=.device/bin
-steps=${*:-all}
-has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
-finish() { tar czf "$OUT/results.tgz" -C "$RES" . ; }
-trap finish EXIT
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] || [ "${steps[0]}" = all ] &&
+  steps=(tests sanitize bench oracle parity train-throughput train-kjv train-austen)
+save_results() { tar czf "$OUT/results.tgz.tmp" -C "$RES" . && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$RES/logs/gpu.txt" 2>&1
 cat "$RES/logs/gpu.txt"
 
-if has oracle; then
-  if [ -f .device/tokenizers.tar.xz ]; then mkdir -p data && tar xJf .device/tokenizers.tar.xz -C data; fi
-  timeout 300 python3 tools/oracle/tokenizer_golden.py > "$RES/logs/oracle_tokenizer.log" 2>&1
-  echo "== oracle tokenizer: exit $?"; tail -3 "$RES/logs/oracle_tokenizer.log"
-  timeout 200 python3 tools/oracle/train_golden.py > "$RES/logs/oracle_train.log" 2>&1
-  echo "== oracle train: exit $?"; tail -3 "$RES/logs/oracle_train.log"
-  for extra in tools/oracle/*.py; do
-    case "$extra" in *tokenizer_golden.py|*train_golden.py) continue ;; esac
-    timeout 300 python3 "$extra" > "$RES/logs/oracle_$(basename "$extra" .py).log" 2>&1
-    echo "== oracle $(basename "$extra"): exit $?"
-  done
-  cp -r tests/fixtures/. "$RES/fixtures/"
-fi
-
-if has tests; then
+step_tests() {
   for suite in "$bin"/*_tests; do
     name=$(basename "$suite")
     timeout 400 "$suite" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 > "$RES/logs/$name.cuda.log" 2>&1
     echo "== $name (cuda): exit $? $(grep -E '^\[  (PASSED|FAILED)' "$RES/logs/$name.cuda.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$RES/logs/$name.cuda.log" | head -30
   done
-fi
+}
 
-if has sanitize; then
+step_sanitize() {
   for tool in memcheck racecheck; do
     timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/ops_tests" \
       --gtest_filter='Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*' --gtest_brief=1 \
@@ -51,36 +46,104 @@ if has sanitize; then
     echo "== compute-sanitizer $tool: exit $?"
     grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_$tool.log" | head -5
   done
-fi
+  # The runtime's own tests, minus the one that provokes cudaMalloc failures on purpose (memcheck reports
+  # each failed API call as an error).
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/core_tests" \
+    --gtest_filter='*Cuda*:*cuda*:-*OutOfMemoryIsAnErrorNotACrash*' --gtest_brief=1 > "$RES/logs/sanitizer_core.log" 2>&1
+  echo "== compute-sanitizer memcheck core_tests: exit $?"
+  grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_core.log" | head -5
+}
 
-if has bench; then
+step_bench() {
   timeout 500 python3 benchmarks/cuda_vs_torch.py --bench "$bin/cuda_ops_bench" --reps 20 --out "$RES/cuda_ops.md" \
     > "$RES/logs/bench.log" 2>&1
   echo "== bench: exit $?"
   grep -E '^\|' "$RES/cuda_ops.md" 2>/dev/null || tail -20 "$RES/logs/bench.log"
-fi
+}
 
-# Training on the GPU (issue 4): prepare the corpora, then one of:
-#   train-throughput: benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
-#   train-kjv / train-austen: model-s for TRAIN_SECONDS (default 270) on one corpus, curve and checkpoint
-if has train-throughput || has train-kjv || has train-austen; then
+step_oracle() {
+  if [ -f .device/tokenizers.tar.xz ]; then mkdir -p data && tar xJf .device/tokenizers.tar.xz -C data; fi
+  timeout 300 python3 tools/oracle/tokenizer_golden.py ${ORACLE_TOKENIZERS:+--names $ORACLE_TOKENIZERS} \
+    > "$RES/logs/oracle_tokenizer.log" 2>&1
+  echo "== oracle tokenizer: exit $?"; tail -3 "$RES/logs/oracle_tokenizer.log"
+  timeout 200 python3 tools/oracle/train_golden.py > "$RES/logs/oracle_train.log" 2>&1
+  echo "== oracle train: exit $?"; tail -3 "$RES/logs/oracle_train.log"
+  timeout 300 python3 tools/oracle/model_golden.py > "$RES/logs/oracle_model.log" 2>&1
+  echo "== oracle models: exit $?"; tail -5 "$RES/logs/oracle_model.log"
+  cp -r tests/fixtures/. "$RES/fixtures/"
+  # The model goldens just written, checked at once by the C++ side (CPU and CUDA).
+  [ -x "$bin/models_tests" ] && timeout 200 "$bin/models_tests" --gtest_brief=1 > "$RES/logs/models_tests.log" 2>&1
+  echo "== models_tests on the new goldens: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$RES/logs/models_tests.log" | tr '\n' ' ')"
+}
+
+step_parity() {
+  timeout 400 python3 tools/oracle/parity_full.py --microllm "$bin/microllm" --configs tests/fixtures/configs \
+    --out "$RES/parity.md" > "$RES/logs/parity.log" 2>&1
+  echo "== parity: exit $?"; cat "$RES/parity.md" 2>/dev/null || tail -30 "$RES/logs/parity.log"
+}
+
+prepare_corpora() {
+  [ -f /tmp/kjv.train.bin ] && return
   mkdir -p data && tar xJf .device/corpora.tar.xz -C data
   for corpus in kjv austen; do
     "$bin/microllm" prepare --input "data/corpora/$corpus.txt" --output "/tmp/$corpus" > "$RES/logs/prepare_$corpus.log" 2>&1
   done
-fi
-if has train-throughput; then
+}
+
+step_train_throughput() {
+  prepare_corpora
   timeout 500 python3 benchmarks/train_vs_torch.py --microllm "$bin/microllm" \
     --config tests/fixtures/configs/qwen2.5-0.5b.json --data /tmp/kjv --out "$RES/train_throughput.md" \
     > "$RES/logs/train_throughput.log" 2>&1
   echo "== train throughput: exit $?"; cat "$RES/train_throughput.md" 2>/dev/null || tail -30 "$RES/logs/train_throughput.log"
-fi
-for corpus in kjv austen; do
-  if has "train-$corpus"; then
-    timeout 560 "$bin/microllm" train --preset model-s --data "/tmp/$corpus" --device cuda --precision bf16-mixed \
-      --batch-size 64 --seq-len 512 --steps 20000 --lr 2e-3 --warmup 200 --eval-interval 250 \
+}
+
+# model-s on each corpus named, at the same time (two processes): model-s does not fill an H200, so two
+# runs take little more wall time than one. Then transformers loads each checkpoint strictly.
+step_train_corpora() {
+  prepare_corpora
+  local corpus
+  for corpus in "$@"; do
+    timeout $((${TRAIN_SECONDS:-270} + 120)) "$bin/microllm" train --preset model-s --data "/tmp/$corpus" --device cuda \
+      --precision bf16-mixed --batch-size 64 --seq-len 512 --steps 20000 --lr 2e-3 --warmup 200 --eval-interval 250 \
       --set max_seconds="${TRAIN_SECONDS:-270}" --set eval_batches=32 --set log_interval=50 \
-      --out "$RES/model_s_$corpus" --set checkpoint_dir="/tmp/ckpt_$corpus" > "$RES/logs/train_$corpus.log" 2>&1
-    echo "== model-s on $corpus: exit $?"; tail -4 "$RES/logs/train_$corpus.log"
-  fi
+      --out "$RES/model_s_$corpus" --set checkpoint_dir="/tmp/ckpt_$corpus" > "$RES/logs/train_$corpus.log" 2>&1 &
+  done
+  wait
+  for corpus in "$@"; do
+    echo "== model-s on $corpus:"; tail -4 "$RES/logs/train_$corpus.log"
+    timeout 120 python3 tools/oracle/train_golden.py --check-checkpoint "/tmp/ckpt_$corpus" --prompt "And " \
+      --max-tokens 80 > "$RES/logs/hf_load_$corpus.log" 2>&1
+    echo "== transformers loads the $corpus checkpoint: exit $?"; tail -3 "$RES/logs/hf_load_$corpus.log"
+    "$bin/microllm" generate --checkpoint "/tmp/ckpt_$corpus" --prompt "And " --max-tokens 80 --temperature 0 \
+      --device cuda > "$RES/logs/generate_$corpus.log" 2>&1
+    echo "== microllm greedy on $corpus: exit $?"; cat "$RES/logs/generate_$corpus.log"
+  done
+}
+
+corpora=()
+for step in "${steps[@]}"; do
+  case "$step" in
+    train-kjv | train-austen) corpora+=("${step#train-}") ;;
+  esac
 done
+trained=0
+for step in "${steps[@]}"; do
+  SECONDS=0
+  case "$step" in
+    tests) step_tests ;;
+    sanitize) step_sanitize ;;
+    bench) step_bench ;;
+    oracle) step_oracle ;;
+    parity) step_parity ;;
+    train-throughput) step_train_throughput ;;
+    train-kjv | train-austen)
+      [ $trained -eq 1 ] && continue
+      trained=1
+      step_train_corpora "${corpora[@]}" ;;
+    *) echo "unknown step: $step"; continue ;;
+  esac
+  echo "-- $step took ${SECONDS}s"
+  save_results
+done
+save_results
