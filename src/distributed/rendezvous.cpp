@@ -120,7 +120,9 @@ LaunchInfo detect_launch() {
     info.rank = env_int("SLURM_PROCID", 0);
     info.world_size = env_int("SLURM_NTASKS", 1);
     info.local_rank = env_int("SLURM_LOCALID", 0);
-    info.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+    // SLURM_NTASKS_PER_NODE may read "8(x2)": its leading number is the count per node.
+    const char* per_node = env("SLURM_NTASKS_PER_NODE");
+    info.local_world_size = per_node != nullptr ? std::max(1, std::atoi(per_node)) : 1;
   }
   if (const char* addr = env("MASTER_ADDR")) info.master_addr = addr;
   info.master_port = env_int("MASTER_PORT", info.master_port);
