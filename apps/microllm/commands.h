@@ -12,6 +12,8 @@ void register_tokenize(CLI::App& app);  // text <-> token ids with a Hugging Fac
 void register_prepare(CLI::App& app);   // text files -> train and validation token files
 void register_train(CLI::App& app);     // train a model from scratch (or resume) on token files
 void register_generate(CLI::App& app);  // sample text from a checkpoint
+void register_inspect(CLI::App& app);   // architecture, parameter count and tensors of a model directory
+void register_chat(CLI::App& app);      // talk with a chat model, one user turn per line of stdin
 void register_logits(CLI::App& app);    // logits / greedy tokens of ids as safetensors (parity checks)
 
 }  // namespace microllm::app

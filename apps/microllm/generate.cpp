@@ -1,90 +1,258 @@
-// `microllm generate`: sample text from a trained checkpoint (or a Hugging Face model directory of a
-// supported family) with the KV cache, streaming tokens as they come.
-//   microllm generate --checkpoint data/runs/tiny/checkpoint --prompt "In the beginning" --max-tokens 200
+// `microllm generate`: continue a prompt (or answer it, with --chat) from a Hugging Face model directory or
+// a trained checkpoint, with the KV cache, streaming text as it is decided.
+//   microllm generate --model models/Qwen3-0.6B --prompt "Why is the sky blue?" --chat --max-tokens 200
+//   microllm generate --model data/runs/tiny/checkpoint --prompt "In the beginning" --stop "\n\n"
+//
+// This file also holds what `microllm chat` (chat.cpp) shares with it: the sampling options, loading a
+// model for inference, and the stop ids and defaults a model directory asks for.
 #include "microllm/generate/generate.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "commands.h"
 #include "microllm/core/threads.h"
-#include "microllm/tokenizer/tokenizer.h"
 #include "microllm/models/loader.h"
-#include "microllm/train/checkpoint.h"
+#include "microllm/tokenizer/tokenizer.h"
 #include "microllm/train/data.h"
 
 namespace microllm::app {
+
+namespace fs = std::filesystem;
+
+// ---- Shared with chat.cpp (declared there) ----
+
+// --max-tokens, the sampling flags, --seed and --stop, into `options`.
+void add_sampling_options(CLI::App* cmd, generate::GenerateOptions& options) {
+  cmd->add_option("-n,--max-tokens", options.max_new_tokens, "Tokens to generate at most")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--temperature", options.sampling.temperature,
+                  "0: greedy (default: generation_config.json's, else 0.8)");
+  cmd->add_option("--top-k", options.sampling.top_k, "Keep the k most likely tokens (0: all)");
+  cmd->add_option("--top-p", options.sampling.top_p, "Keep the smallest set with this probability mass (1: all)");
+  cmd->add_option("--min-p", options.sampling.min_p, "Keep tokens at least this fraction as likely as the best");
+  cmd->add_option("--repetition-penalty", options.sampling.repetition_penalty, "Demote tokens already seen (1: off)");
+  cmd->add_option("--presence-penalty", options.sampling.presence_penalty, "Subtract from the logits of seen tokens");
+  cmd->add_option("--frequency-penalty", options.sampling.frequency_penalty,
+                  "Subtract per occurrence of a seen token");
+  cmd->add_option("--seed", options.sampling.seed, "Sampling seed (the same seed gives the same text)");
+  cmd->add_option("--stop", options.stop_strings,
+                  "Stop when the text contains this string (repeatable; \\n, \\t and \\\\ are understood)")
+      ->allow_extra_args(false);
+}
+
+// The model of `directory` on `device` with parameters and compute in `dtype`.
+std::unique_ptr<nn::TransformerLM> load_inference_model(const std::string& directory, const std::string& device,
+                                                        const std::string& dtype, int threads, bool verbose) {
+  if (threads > 0) set_num_threads(threads);
+  models::LoadOptions load;
+  load.device = Device::parse(device);
+  load.dtype = parse_dtype(dtype);
+  MICROLLM_CHECK(load.dtype == DType::f32 || load.dtype == DType::bf16, ValueError, "generate",
+                 "--dtype must be f32 or bf16, got ", dtype);
+  models::LoadedModel loaded = models::load_model(directory, load);
+  if (verbose) std::cerr << "[model] " << loaded.report.summary() << "\n";
+  return std::move(loaded.model);
+}
+
+// The Hugging Face tokenizer of `directory`, if it has one (else the model works on bytes).
+std::optional<Tokenizer> load_tokenizer_if_any(const std::string& directory) {
+  const fs::path dir(directory);
+  if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")) return Tokenizer::load(directory);
+  return std::nullopt;
+}
+
+namespace {
+
+std::optional<nlohmann::json> read_json_if_any(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ParseError("generate", str_cat(path.string(), ": not JSON (", e.what(), ")"));
+  }
+}
+
+void add_ids(const nlohmann::json& value, std::vector<int64_t>& ids) {
+  if (value.is_number_integer()) ids.push_back(value.get<int64_t>());
+  if (value.is_array()) {
+    for (const auto& v : value) {
+      if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+    }
+  }
+}
+
+// "\n", "\t", "\r", "\\" in a command-line stop string.
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char c = s[++i];
+    if (c == 'n') out += '\n';
+    else if (c == 't') out += '\t';
+    else if (c == 'r') out += '\r';
+    else if (c == '\\') out += '\\';
+    else out += {'\\', c};
+  }
+  return out;
+}
+
+}  // namespace
+
+// Completes `options` for a model directory: stop strings unescaped; the stop ids of config.json,
+// generation_config.json and the tokenizer's eos (with `chat`, also the template's end-of-turn token);
+// generation_config.json's sampling values for the flags the user did not give (as transformers does).
+void prepare_generate_options(const std::string& directory, const CLI::App& cmd, const nn::TransformerConfig& config,
+                              const Tokenizer* tokenizer, bool chat, generate::GenerateOptions& options) {
+  for (std::string& s : options.stop_strings) s = unescape(s);
+  std::vector<int64_t> ids = config.eos_token_ids;
+  const std::optional<nlohmann::json> gen_config = read_json_if_any(fs::path(directory) / "generation_config.json");
+  if (gen_config && gen_config->contains("eos_token_id")) add_ids((*gen_config)["eos_token_id"], ids);
+  if (tokenizer && tokenizer->eos_id()) ids.push_back(*tokenizer->eos_id());
+  if (tokenizer && chat) {
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
+      if (const std::optional<int32_t> id = tokenizer->token_to_id(end_of_turn)) ids.push_back(*id);
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  options.stop_ids = ids;
+  if (!gen_config) return;
+  const nlohmann::json& g = *gen_config;
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  auto number = [&](const char* key) -> std::optional<double> {
+    if (g.contains(key) && g[key].is_number()) return g[key].get<double>();
+    return std::nullopt;
+  };
+  generate::SamplingParams& s = options.sampling;
+  const bool do_sample = !g.contains("do_sample") || !g["do_sample"].is_boolean() || g["do_sample"].get<bool>();
+  if (!given("--temperature")) {
+    if (!do_sample) s.temperature = 0;
+    else if (auto t = number("temperature")) s.temperature = *t;
+  }
+  if (auto v = number("top_k"); v && !given("--top-k")) s.top_k = static_cast<int64_t>(*v);
+  if (auto v = number("top_p"); v && !given("--top-p") && *v > 0 && *v <= 1) s.top_p = *v;
+  if (auto v = number("min_p"); v && !given("--min-p") && *v >= 0 && *v < 1) s.min_p = *v;
+  if (auto v = number("repetition_penalty"); v && !given("--repetition-penalty") && *v > 0) s.repetition_penalty = *v;
+}
+
+// Ids -> text for streaming: the tokenizer's StreamDecoder (special tokens skipped), or bytes.
+generate::TextDecoder make_text_decoder(const std::optional<Tokenizer>& tokenizer,
+                                        std::shared_ptr<StreamDecoder>& keep_alive) {
+  if (tokenizer) {
+    keep_alive = std::make_shared<StreamDecoder>(tokenizer->stream_decoder(/*skip_special_tokens=*/true));
+    StreamDecoder* stream = keep_alive.get();
+    return {[stream](int32_t id) { return stream->push(id); }, [stream] { return stream->finish(); }};
+  }
+  return {[](int32_t id) {
+            const int32_t one[1] = {id};
+            return train::ByteTokenizer().decode(one);
+          },
+          nullptr};
+}
+
+// ---- microllm generate ----
+
 namespace {
 
 struct GenerateCliOptions {
-  std::string checkpoint;
-  std::string prompt;
-  int64_t max_tokens = 200;
-  generate::SamplingParams sampling{.temperature = 0.8};
+  std::string model;
+  std::optional<std::string> prompt;
+  bool chat = false;
+  std::string system;
+  bool no_think = false;
+  bool no_echo = false;
+  bool verbose = false;
+  generate::GenerateOptions options = [] {
+    generate::GenerateOptions o;
+    o.max_new_tokens = 200;
+    o.sampling.temperature = 0.8;
+    return o;
+  }();
   std::string device = "cpu";
   std::string dtype = "f32";
   int threads = 0;
 };
 
-void run_generate(const GenerateCliOptions& o) {
-  if (o.threads > 0) set_num_threads(o.threads);
-  std::unique_ptr<nn::TransformerLM> model = models::load_model(o.checkpoint).model;
-  const Device device = Device::parse(o.device);
-  model->to(device);
-  std::optional<Tokenizer> hf;
-  if (std::filesystem::exists(std::filesystem::path(o.checkpoint) / "tokenizer.json"))
-    hf = Tokenizer::load(o.checkpoint);
-  const train::ByteTokenizer bytes;
-  std::vector<int32_t> prompt = hf ? hf->encode(o.prompt) : bytes.encode(o.prompt);
-  if (prompt.empty() && model->config().bos_token_id >= 0)
-    prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
-  MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty");
-  generate::GenerateOptions options;
-  options.max_new_tokens = o.max_tokens;
-  options.sampling = o.sampling;
-  options.stop_ids = model->config().eos_token_ids;
-  options.compute_dtype = parse_dtype(o.dtype);
-  std::cout << o.prompt << std::flush;
-  std::optional<StreamDecoder> stream;
-  if (hf) stream.emplace(hf->stream_decoder(true));
-  generate::generate(*model, prompt, options, [&](int32_t token) {
-    if (stream) {
-      std::cout << stream->push(token);
-    } else {
-      const int32_t one[1] = {token};
-      std::cout << bytes.decode(one);
+void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
+  std::unique_ptr<nn::TransformerLM> model = load_inference_model(o.model, o.device, o.dtype, o.threads, o.verbose);
+  const std::optional<Tokenizer> hf = load_tokenizer_if_any(o.model);
+  const std::string prompt_text = o.prompt.value_or("");
+  std::vector<int32_t> prompt;
+  if (o.chat) {
+    MICROLLM_CHECK(hf.has_value(), ValueError, "generate", "--chat needs a tokenizer (tokenizer.json) in ", o.model);
+    const ChatTemplate chat = hf->chat_template();
+    std::vector<ChatMessage> messages;
+    if (!o.system.empty()) messages.push_back({"system", o.system});
+    messages.push_back({"user", prompt_text});
+    ChatOptions chat_options;
+    if (o.no_think) {
+      if (chat.family() == ChatFamily::qwen3) chat_options.enable_thinking = false;
+      else std::cerr << "warning: --no-think: the " << ChatTemplate::family_name(chat.family())
+                     << " chat template has no enable_thinking; ignored\n";
     }
-    std::cout.flush();
-    return true;
-  });
-  if (stream) std::cout << stream->finish();
+    prompt = hf->encode(chat.render(messages, chat_options), /*add_special_tokens=*/false);
+  } else {
+    MICROLLM_CHECK(o.system.empty() && !o.no_think, ValueError, "generate", "--system and --no-think need --chat");
+    prompt = hf ? hf->encode(prompt_text, /*add_special_tokens=*/true) : train::ByteTokenizer().encode(prompt_text);
+  }
+  if (prompt.empty()) {  // an empty prompt starts from BOS
+    if (model->config().bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
+    else if (hf && hf->bos_id()) prompt.push_back(*hf->bos_id());
+  }
+  MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty and the model has no bos token");
+  generate::GenerateOptions options = o.options;
+  options.compute_dtype = parse_dtype(o.dtype);
+  prepare_generate_options(o.model, cmd, model->config(), hf ? &*hf : nullptr, o.chat, options);
+
+  if (!o.chat && !o.no_echo) std::cout << prompt_text << std::flush;
+  std::shared_ptr<StreamDecoder> stream;
+  const auto start = std::chrono::steady_clock::now();
+  const generate::Generation result =
+      generate::generate_text(*model, prompt, options, make_text_decoder(hf, stream), [](std::string_view text) {
+        std::cout << text << std::flush;
+        return true;
+      });
   std::cout << std::endl;
+  if (o.verbose) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cerr << "[generate] prompt " << prompt.size() << " tokens, generated " << result.tokens.size() << " in "
+              << seconds << " s (" << static_cast<double>(result.tokens.size()) / std::max(seconds, 1e-9)
+              << " tokens/s), finish: " << generate::finish_reason_name(result.finish_reason) << "\n";
+  }
 }
 
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("generate", "Sample text from a trained checkpoint, streaming it");
+  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt (or answer it with --chat), streaming the text");
   auto o = std::make_shared<GenerateCliOptions>();
-  cmd->add_option("--checkpoint", o->checkpoint, "Checkpoint directory (config.json + model.safetensors)")
+  cmd->add_option("-m,--model,--checkpoint", o->model,
+                  "Model directory: Hugging Face (config.json, safetensors, tokenizer.json) or a checkpoint")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--prompt", o->prompt, "Text to continue")->required();
-  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", o->sampling.temperature, "0: greedy")->capture_default_str();
-  cmd->add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0: all)");
-  cmd->add_option("--top-p", o->sampling.top_p, "Keep the smallest set with this probability mass (1: all)");
-  cmd->add_option("--min-p", o->sampling.min_p, "Keep tokens at least this fraction as likely as the best");
-  cmd->add_option("--repetition-penalty", o->sampling.repetition_penalty, "Demote tokens already seen (1: off)");
-  cmd->add_option("--presence-penalty", o->sampling.presence_penalty, "Subtract from the logits of seen tokens");
-  cmd->add_option("--frequency-penalty", o->sampling.frequency_penalty, "Subtract per occurrence of a seen token");
-  cmd->add_option("--seed", o->sampling.seed, "Sampling seed (the same seed gives the same text)");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
-  cmd->add_option("--dtype", o->dtype, "Compute dtype: f32 or bf16");
+  cmd->add_option("-p,--prompt", o->prompt, "Text to continue (none: start from the bos token)");
+  cmd->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn, with the reply header");
+  cmd->add_option("--system", o->system, "With --chat: a system message");
+  cmd->add_flag("--no-think", o->no_think, "With --chat: Qwen3's enable_thinking=false");
+  cmd->add_flag("--no-echo", o->no_echo, "Do not print the prompt before the continuation");
+  add_sampling_options(cmd, o->options);
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "Weights and compute: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
-  cmd->callback([o] { run_generate(*o); });
+  cmd->add_flag("-v,--verbose", o->verbose, "Print the load report and tokens/s to stderr");
+  cmd->callback([o, cmd] { run_generate(*o, *cmd); });
 }
 
 }  // namespace microllm::app

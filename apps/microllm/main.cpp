@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   microllm::app::register_prepare(app);
   microllm::app::register_train(app);
   microllm::app::register_generate(app);
+  microllm::app::register_inspect(app);
+  microllm::app::register_chat(app);
   microllm::app::register_logits(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
