@@ -60,12 +60,12 @@ nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::strin
   if (r.has("eos_token_id")) {
     const nlohmann::json& eos = r.raw("eos_token_id");
     if (eos.is_number_integer()) {
-      c.eos_token_ids.push_back(eos.get<int64_t>());
+      c.eos_token_ids.push_back(r.to_int64(eos, "eos_token_id"));
     } else if (eos.is_array()) {
       for (const auto& id : eos) {
         MICROLLM_CHECK(id.is_number_integer(), ParseError, r.origin(), "field 'eos_token_id' holds a non-integer ",
                        id.dump());
-        c.eos_token_ids.push_back(id.get<int64_t>());
+        c.eos_token_ids.push_back(r.to_int64(id, "eos_token_id"));
       }
     } else {
       throw ParseError(r.origin(), str_cat("field 'eos_token_id' must be an integer or a list, got ", eos.dump()));

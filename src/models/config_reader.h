@@ -1,6 +1,7 @@
 // Typed reads of config.json fields, each error naming the file and the field (internal header).
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -24,6 +25,12 @@ class ConfigReader {
   int64_t integer(const char* field) const {
     const nlohmann::json& v = raw(field);
     MICROLLM_CHECK(v.is_number_integer(), ParseError, origin_, "field '", field, "' must be an integer, got ", v.dump());
+    return to_int64(v, field);
+  }
+  // An integer JSON value as int64_t; above INT64_MAX (parsed as unsigned) is an error, not a wrap to < 0.
+  int64_t to_int64(const nlohmann::json& v, const char* field) const {
+    MICROLLM_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), ParseError,
+                   origin_, "field '", field, "' = ", v.dump(), " is out of range (at most ", INT64_MAX, ")");
     return v.get<int64_t>();
   }
   int64_t integer_or(const char* field, int64_t fallback) const { return has(field) ? integer(field) : fallback; }

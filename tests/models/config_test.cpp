@@ -79,5 +79,22 @@ TEST(ModelConfig, RefusesWhatItCannotRunNamingTheField) {
   EXPECT_EQ(transformers5.head_dim, 12);
 }
 
+// Regression (found while writing fuzz/model_config_fuzz.cpp): integers above INT64_MAX, which the JSON parser
+// stores as unsigned, were cast to int64_t and read as negative numbers (18446744073709551615 became -1, so
+// max_position_embeddings -1 or eos_token_id -1 were accepted). They are refused, naming the field.
+TEST(ModelConfig, RefusesIntegersAboveInt64Max) {
+  const std::string huge = "18446744073709551615";
+  expect_refused(config_with("llama", ", \"max_position_embeddings\": " + huge), "max_position_embeddings");
+  expect_refused(config_with("llama", ", \"vocab_size\": " + huge), "out of range");
+  expect_refused(config_with("llama", ", \"eos_token_id\": " + huge), "eos_token_id");
+  expect_refused(config_with("llama", ", \"eos_token_id\": [2, " + huge + "]"), "eos_token_id");
+  expect_refused(config_with("llama", ", \"bos_token_id\": " + huge), "bos_token_id");
+  expect_refused(config_with("llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+      "original_max_position_embeddings": 9223372036854775808})"), "original_max_position_embeddings");
+  // INT64_MAX itself is a valid integer.
+  EXPECT_EQ(read_config(config_with("llama", ", \"eos_token_id\": 9223372036854775807")).eos_token_ids,
+            (std::vector<int64_t>{INT64_MAX}));
+}
+
 }  // namespace
 }  // namespace microllm::models
