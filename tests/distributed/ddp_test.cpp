@@ -17,6 +17,7 @@
 #include "microllm/core/cuda.h"
 #include "microllm/distributed/ddp.h"
 #include "microllm/io/atomic_file.h"
+#include "microllm/nn/transformer.h"
 #include "microllm/train/trainer.h"
 #include "test_support.h"
 
@@ -46,6 +47,32 @@ TEST(PostAccumulateHook, FiresOnceAfterTheLastContribution) {
   w.set_post_accumulate_hook({});
   autograd::sum(autograd::mul(w, x)).backward();
   EXPECT_EQ(calls, 1);
+}
+
+// ---- buckets ----
+
+TEST(DataParallelBuckets, EveryBucketStartsDuringBackwardAndAccumulationStaysLocal) {
+  nn::TransformerLM model(nn::TransformerConfig::preset("tiny", 256), 3);
+  DataParallel ddp(model.named_parameters(), job(), {.bucket_mb = 0.5});
+  const DataParallelStats stats = ddp.stats();
+  EXPECT_GT(stats.buckets, 2);
+  EXPECT_EQ(stats.parameters, model.num_parameters());
+  Generator gen(testing::shared_seed());
+  const Tensor ids = Tensor::uniform({2, 8}, gen, 0, 256, DType::f64).to(DType::i64);
+  const Tensor targets = Tensor::uniform({2, 8}, gen, 0, 256, DType::f64).to(DType::i64);
+  nn::ForwardContext ctx;
+  ddp.set_sync(false);  // a micro-step: nothing travels
+  model.loss(ids, targets, ctx).backward();
+  EXPECT_EQ(ddp.stats().collectives, 0);
+  ddp.set_sync(true);
+  model.loss(ids, targets, ctx).backward();
+  // The hooks started every bucket's all-reduce while backward ran, before finish_gradients().
+  EXPECT_EQ(ddp.stats().collectives, stats.buckets);
+  // A second backward in the same step would add to gradients already sent.
+  EXPECT_THROW(model.loss(ids, targets, ctx).backward(), ValueError);
+  ddp.finish_gradients();
+  for (const nn::ParameterInfo& p : model.named_parameters()) EXPECT_TRUE(p.variable->grad().defined()) << p.name;
+  ddp.zero_grad();
 }
 
 // ---- training ----
