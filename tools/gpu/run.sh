@@ -5,7 +5,8 @@
 #   device run, carry [".device"], command: bash tools/gpu/run.sh STEP... | all
 # Steps run in the order given:
 #   tests            every *_tests program, CUDA cases only
-#   sanitize         compute-sanitizer memcheck + racecheck on the CUDA op suite, memcheck on the runtime
+#   sanitize         compute-sanitizer memcheck + racecheck on the CUDA op suite (SANITIZE_FILTER: a gtest
+#                    filter), memcheck on the runtime
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
 #   oracle           tokenizer, training and model golden files (tests/fixtures/...)
 #   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
@@ -41,7 +42,8 @@ step_tests() {
 step_sanitize() {
   for tool in memcheck racecheck; do
     timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/ops_tests" \
-      --gtest_filter='Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*' --gtest_brief=1 \
+      --gtest_filter="${SANITIZE_FILTER:-Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*}" \
+      --gtest_brief=1 \
       > "$RES/logs/sanitizer_$tool.log" 2>&1
     echo "== compute-sanitizer $tool: exit $?"
     grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_$tool.log" | head -5
