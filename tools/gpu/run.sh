@@ -8,7 +8,9 @@
 #   sanitize         compute-sanitizer memcheck + racecheck on the CUDA op suite (SANITIZE_FILTER: a gtest
 #                    filter), memcheck on the runtime
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
-#   oracle           tokenizer, training and model golden files (tests/fixtures/...)
+#   oracle           tokenizer, training and model golden files (tests/fixtures/...); or one of
+#                    oracle-tokenizer (ORACLE_TOKENIZERS=gpt2,...: a subset), oracle-train, oracle-models
+#   allreduce        benchmarks/allreduce_bench: bucketed NCCL all-reduce of a Qwen2.5-0.5B-sized gradient
 #   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
@@ -24,7 +26,7 @@ mkdir -p "$OUT" "$RES/logs" "$RES/fixtures"
 bin=.device/bin
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] || [ "${steps[0]}" = all ] &&
-  steps=(tests sanitize bench oracle parity train-throughput train-kjv train-austen)
+  steps=(tests sanitize bench oracle parity allreduce train-throughput train-kjv train-austen)
 save_results() { tar czf "$OUT/results.tgz.tmp" -C "$RES" . && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$RES/logs/gpu.txt" 2>&1
@@ -63,19 +65,32 @@ step_bench() {
   grep -E '^\|' "$RES/cuda_ops.md" 2>/dev/null || tail -20 "$RES/logs/bench.log"
 }
 
-step_oracle() {
+step_oracle_tokenizer() {
   if [ -f .device/tokenizers.tar.xz ]; then mkdir -p data && tar xJf .device/tokenizers.tar.xz -C data; fi
   timeout 300 python3 tools/oracle/tokenizer_golden.py ${ORACLE_TOKENIZERS:+--names $ORACLE_TOKENIZERS} \
     > "$RES/logs/oracle_tokenizer.log" 2>&1
   echo "== oracle tokenizer: exit $?"; tail -3 "$RES/logs/oracle_tokenizer.log"
+  mkdir -p "$RES/fixtures/tokenizer" && cp -r tests/fixtures/tokenizer/. "$RES/fixtures/tokenizer/"
+}
+
+step_oracle_train() {
   timeout 200 python3 tools/oracle/train_golden.py > "$RES/logs/oracle_train.log" 2>&1
   echo "== oracle train: exit $?"; tail -3 "$RES/logs/oracle_train.log"
+  mkdir -p "$RES/fixtures/train" && cp -r tests/fixtures/train/. "$RES/fixtures/train/"
+}
+
+step_oracle_models() {
   timeout 300 python3 tools/oracle/model_golden.py > "$RES/logs/oracle_model.log" 2>&1
   echo "== oracle models: exit $?"; tail -5 "$RES/logs/oracle_model.log"
-  cp -r tests/fixtures/. "$RES/fixtures/"
+  mkdir -p "$RES/fixtures/models" && cp -r tests/fixtures/models/. "$RES/fixtures/models/"
   # The model goldens just written, checked at once by the C++ side (CPU and CUDA).
   [ -x "$bin/models_tests" ] && timeout 200 "$bin/models_tests" --gtest_brief=1 > "$RES/logs/models_tests.log" 2>&1
   echo "== models_tests on the new goldens: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$RES/logs/models_tests.log" | tr '\n' ' ')"
+}
+
+step_allreduce() {
+  timeout 200 "$bin/allreduce_bench" > "$RES/allreduce.md" 2> "$RES/logs/allreduce.log"
+  echo "== allreduce bench: exit $?"; cat "$RES/allreduce.md"; tail -5 "$RES/logs/allreduce.log"
 }
 
 step_parity() {
@@ -136,7 +151,11 @@ for step in "${steps[@]}"; do
     tests) step_tests ;;
     sanitize) step_sanitize ;;
     bench) step_bench ;;
-    oracle) step_oracle ;;
+    oracle) step_oracle_tokenizer; step_oracle_train; step_oracle_models ;;
+    oracle-tokenizer) step_oracle_tokenizer ;;
+    oracle-train) step_oracle_train ;;
+    oracle-models) step_oracle_models ;;
+    allreduce) step_allreduce ;;
     parity) step_parity ;;
     train-throughput) step_train_throughput ;;
     train-kjv | train-austen)

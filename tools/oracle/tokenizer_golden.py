@@ -73,8 +73,8 @@ class RawAsTransformers:
     def __call__(self, text, add_special_tokens=True):
         return {"input_ids": self.raw.encode(text, add_special_tokens=add_special_tokens).ids}
 
-    def decode(self, ids):
-        return self.raw.decode(ids)
+    def decode(self, ids):  # transformers keeps special tokens by default; `tokenizers` skips them
+        return self.raw.decode(ids, skip_special_tokens=False)
 
     def __len__(self):
         return self.raw.get_vocab_size(with_added_tokens=True)
