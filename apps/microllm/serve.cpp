@@ -1,0 +1,68 @@
+// `microllm serve`: an OpenAI-compatible HTTP server over one model (see docs/SERVING.md).
+//   microllm serve --model models/Qwen2.5-0.5B-Instruct --port 8080
+//   curl -s localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+// Ctrl-C (SIGINT) or SIGTERM stops it: running requests are cancelled, the threads joined.
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <pthread.h>
+
+#include "commands.h"
+#include "microllm/core/threads.h"
+#include "microllm/serve/server.h"
+
+namespace microllm::app {
+
+namespace {
+
+struct ServeCliOptions {
+  serve::ServerOptions server;
+  int threads = 0;
+};
+
+void run_serve(const ServeCliOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  // SIGINT and SIGTERM go to this thread's sigwait only: blocked before any thread starts (threads inherit it).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  serve::Server server(o.server);
+  server.start();
+  std::cerr << "microllm serve: model " << server.model_name() << " on http://" << o.server.host << ":"
+            << server.port() << " (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics)"
+            << std::endl;
+  int received = 0;
+  sigwait(&signals, &received);
+  std::cerr << "microllm serve: " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
+  server.stop();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over HTTP with the OpenAI API (completions, chat)");
+  auto o = std::make_shared<ServeCliOptions>();
+  cmd->add_option("-m,--model", o->server.model_dir, "Model directory: Hugging Face or a microllm checkpoint")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--model-name", o->server.model_name, "The model's id in the API (default: the directory's name)");
+  cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("-p,--port", o->server.port, "TCP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--device", o->server.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", o->server.dtype, "Weights and compute: f32 or bf16")->capture_default_str();
+  cmd->add_option("--max-batch", o->server.max_batch, "Greedy requests decoded together at most")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413")->capture_default_str();
+  cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--default-max-tokens", o->server.default_max_tokens, "Chat completions without max_tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->server.http_threads, "Connections served at once")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads for the model (0: all)");
+  cmd->callback([o] { run_serve(*o); });
+}
+
+}  // namespace microllm::app

@@ -1,0 +1,66 @@
+// An OpenAI-compatible HTTP server over one model: `microllm serve` and in-process use (tests, embedding).
+//
+//   serve::ServerOptions options;
+//   options.model_dir = "models/Qwen2.5-0.5B-Instruct";
+//   options.port = 8080;                       // 0: any free port (see port())
+//   serve::Server server(options);             // loads the model and the tokenizer
+//   server.start();                            // listens; HTTP and scheduler threads run in the background
+//   server.wait();                             // until stop() from another thread
+//
+// Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream false, or true as
+// server-sent events ending with `data: [DONE]`), GET /health, GET /metrics (Prometheus text). Errors are
+// OpenAI error objects {"error": {"message", "type", "param", "code"}} with a 4xx/5xx status.
+//
+// One scheduler thread owns the model and serves a queue of requests: greedy requests waiting together run
+// as one batch (generate::generate_batch, up to max_batch), sampled ones run alone (so a seed gives the same
+// text whatever else is queued). A streaming client that disconnects stops its generation at the next token.
+// The HTTP library is private to the implementation: this header needs only the standard library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace microllm::serve {
+
+struct ServerOptions {
+  std::string model_dir;            // a Hugging Face model directory or a microllm checkpoint
+  std::string model_name;           // the id in /v1/models and responses; empty: the directory's name
+  std::string host = "127.0.0.1";
+  int port = 8080;                  // 0: an ephemeral port
+  std::string device = "cpu";       // cpu, cuda, cuda:N
+  std::string dtype = "f32";        // weights and compute: f32 or bf16
+  int max_batch = 8;                // greedy requests decoded together at most
+  size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
+  std::string api_key;              // non-empty: /v1/* need "Authorization: Bearer <api_key>"
+  int64_t default_max_tokens = 256; // chat completions without max_tokens (completions default to 16, as OpenAI)
+  int http_threads = 16;            // connections served at once (more wait in the accept queue)
+};
+
+class Server {
+ public:
+  // Loads the model and the tokenizer (microllm::Error when they cannot be loaded).
+  explicit Server(ServerOptions options);
+  ~Server();  // stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds host:port and starts serving in background threads; IoError when the address cannot be bound.
+  void start();
+  // Blocks until stop() is called (from another thread).
+  void wait();
+  // Stops accepting, cancels queued and running requests, joins the threads. Idempotent.
+  void stop();
+
+  int port() const;  // the bound port (after start())
+  const std::string& model_name() const;
+  std::string metrics_text() const;  // what GET /metrics returns
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace microllm::serve

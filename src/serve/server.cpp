@@ -1,0 +1,680 @@
+// The HTTP server (cpp-httplib) and the scheduler thread that owns the model. See serve/server.h.
+#include "microllm/serve/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "microllm/core/error.h"
+#include "microllm/generate/generate.h"
+#include "microllm/models/loader.h"
+#include "microllm/tokenizer/tokenizer.h"
+#include "serve/openai_api.h"
+
+namespace microllm::serve {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// ---- Metrics (Prometheus text format) ----
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v) {
+    const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+    ++counts_[i];
+    sum_ += v;
+    ++count_;
+  }
+  void write(std::ostringstream& out, const char* name, const char* help) const {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+      cumulative += counts_[i];
+      out << name << "_bucket{le=\"" << bounds_[i] << "\"} " << cumulative << "\n";
+    }
+    out << name << "_bucket{le=\"+Inf\"} " << count_ << "\n" << name << "_sum " << sum_ << "\n"
+        << name << "_count " << count_ << "\n";
+  }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  void count_request(const std::string& endpoint, int status) {
+    std::lock_guard lock(m_);
+    ++requests_[{endpoint, status}];
+  }
+  void first_token(double seconds) {
+    std::lock_guard lock(m_);
+    ttft_.observe(seconds);
+    ++generated_tokens_;
+  }
+  void next_token(double seconds) {
+    std::lock_guard lock(m_);
+    itl_.observe(seconds);
+    ++generated_tokens_;
+  }
+  void prompt_tokens(int64_t n) {
+    std::lock_guard lock(m_);
+    prompt_tokens_ += static_cast<uint64_t>(n);
+  }
+  std::atomic<int64_t> running{0}, queued{0};
+
+  std::string text() const {
+    std::lock_guard lock(m_);
+    std::ostringstream out;
+    out << "# HELP microllm_requests_total HTTP requests by endpoint and status code.\n"
+        << "# TYPE microllm_requests_total counter\n";
+    for (const auto& [key, n] : requests_) {
+      out << "microllm_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n << "\n";
+    }
+    out << "# HELP microllm_generated_tokens_total Tokens generated (all requests, cancelled ones included).\n"
+        << "# TYPE microllm_generated_tokens_total counter\nmicrollm_generated_tokens_total " << generated_tokens_
+        << "\n# HELP microllm_prompt_tokens_total Prompt tokens of requests admitted.\n"
+        << "# TYPE microllm_prompt_tokens_total counter\nmicrollm_prompt_tokens_total " << prompt_tokens_ << "\n";
+    ttft_.write(out, "microllm_time_to_first_token_seconds", "From the request's arrival to its first token.");
+    itl_.write(out, "microllm_inter_token_latency_seconds", "Between consecutive tokens of a request.");
+    out << "# HELP microllm_requests_running Requests being generated.\n# TYPE microllm_requests_running gauge\n"
+        << "microllm_requests_running " << running.load() << "\n"
+        << "# HELP microllm_requests_queued Requests waiting for the model.\n# TYPE microllm_requests_queued gauge\n"
+        << "microllm_requests_queued " << queued.load() << "\n";
+    return out.str();
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  uint64_t generated_tokens_ = 0, prompt_tokens_ = 0;
+  Histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram itl_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+};
+
+// ---- Jobs: one request on its way through the scheduler ----
+
+struct Job {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;  // already capped to the model's window
+  generate::SamplingParams sampling;
+  std::vector<std::string> stop;
+  const std::vector<int64_t>* stop_ids = nullptr;
+  Clock::time_point arrived = Clock::now();
+  std::atomic<bool> cancelled{false};
+
+  // Written by the scheduler, read by the HTTP thread.
+  std::mutex m;
+  std::condition_variable cv;
+  std::string pending;  // text not yet taken by the HTTP thread
+  std::string text;     // all of it (for stream false)
+  bool done = false;
+  std::string finish_reason;  // "stop", "length" ("cancelled" when nobody listens any more)
+  std::string error;          // generation failed (a 500)
+  int64_t completion_tokens = 0;
+
+  bool greedy() const { return sampling.temperature <= 0; }
+};
+
+// ---- Model state shared by the handlers and the scheduler ----
+
+std::optional<nlohmann::json> read_json_if_any(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ParseError("serve", str_cat(path.string(), ": not JSON (", e.what(), ")"));
+  }
+}
+
+void add_ids(const nlohmann::json& value, std::vector<int64_t>& ids) {
+  if (value.is_number_integer()) ids.push_back(value.get<int64_t>());
+  if (value.is_array()) {
+    for (const auto& v : value) {
+      if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+    }
+  }
+}
+
+void sort_unique(std::vector<int64_t>& ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+}
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  std::string name;
+  std::unique_ptr<nn::TransformerLM> model;
+  std::optional<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  DType compute_dtype = DType::f32;
+  std::vector<int64_t> stop_ids, chat_stop_ids;
+  int64_t created = unix_time();
+
+  Metrics metrics;
+  httplib::Server http;
+  std::thread listener, scheduler;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> started{false};
+  std::atomic<uint64_t> next_id{1};
+  int bound_port = 0;
+
+  std::mutex queue_m;
+  std::condition_variable queue_cv;
+  std::deque<std::shared_ptr<Job>> queue;
+  std::mutex stop_m;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+
+  explicit Impl(ServerOptions o) : options(std::move(o)) {
+    MICROLLM_CHECK(!options.model_dir.empty(), ValueError, "serve", "no model directory");
+    MICROLLM_CHECK(options.max_batch >= 1, ValueError, "serve", "max_batch must be >= 1");
+    name = options.model_name;
+    if (name.empty()) {
+      name = fs::path(options.model_dir).lexically_normal().filename().string();
+      if (name.empty()) name = fs::path(options.model_dir).lexically_normal().parent_path().filename().string();
+      if (name.empty()) name = "model";
+    }
+    models::LoadOptions load;
+    load.device = Device::parse(options.device);
+    load.dtype = parse_dtype(options.dtype);
+    MICROLLM_CHECK(load.dtype == DType::f32 || load.dtype == DType::bf16, ValueError, "serve",
+                   "dtype must be f32 or bf16, got ", options.dtype);
+    compute_dtype = load.dtype;
+    model = models::load_model(options.model_dir, load).model;
+    const fs::path dir(options.model_dir);
+    if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")) tokenizer = Tokenizer::load(options.model_dir);
+    if (tokenizer && tokenizer->chat_template_source()) {
+      try {
+        chat_template = tokenizer->chat_template();
+      } catch (const NotSupportedError&) {  // an unknown template: /v1/chat/completions answers 400
+      }
+    }
+    // Stop ids as `microllm generate` finds them: config.json, generation_config.json, the tokenizer's eos;
+    // for chat also the template's end-of-turn tokens.
+    stop_ids = model->config().eos_token_ids;
+    const std::optional<nlohmann::json> gen = read_json_if_any(dir / "generation_config.json");
+    if (gen && gen->contains("eos_token_id")) add_ids((*gen)["eos_token_id"], stop_ids);
+    if (tokenizer && tokenizer->eos_id()) stop_ids.push_back(*tokenizer->eos_id());
+    chat_stop_ids = stop_ids;
+    if (tokenizer) {
+      for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
+        if (const std::optional<int32_t> id = tokenizer->token_to_id(end_of_turn)) chat_stop_ids.push_back(*id);
+      }
+    }
+    sort_unique(stop_ids);
+    sort_unique(chat_stop_ids);
+  }
+
+  // ---- Requests -> jobs ----
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
+    if (tokenizer) return tokenizer->encode(text, add_special_tokens);
+    return std::vector<int32_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                                reinterpret_cast<const uint8_t*>(text.data()) + text.size());
+  }
+
+  std::shared_ptr<Job> make_job(const CompletionRequest& r) const {
+    const nn::TransformerConfig& config = model->config();
+    auto job = std::make_shared<Job>();
+    const char* param = "prompt";
+    if (r.endpoint == Endpoint::chat_completions) {
+      param = "messages";
+      if (!chat_template) {
+        throw ApiError(400, "the model " + name + " has no (supported) chat template: use /v1/completions",
+                       "invalid_request_error", "messages", "no_chat_template");
+      }
+      try {
+        job->prompt = encode(chat_template->render(r.messages), /*add_special_tokens=*/false);
+      } catch (const ValueError& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "messages");
+      }
+    } else if (r.prompt_ids) {
+      job->prompt = *r.prompt_ids;
+      for (int32_t id : job->prompt) {
+        if (id >= config.vocab_size) {
+          throw ApiError(400, str_cat("prompt token id ", id, " is outside the vocabulary of ", config.vocab_size),
+                         "invalid_request_error", "prompt");
+        }
+      }
+    } else {
+      try {
+        job->prompt = encode(r.prompt, /*add_special_tokens=*/true);
+      } catch (const ValueError& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "prompt");
+      }
+    }
+    if (job->prompt.empty()) {  // an empty prompt starts from BOS
+      if (config.bos_token_id >= 0) job->prompt.push_back(static_cast<int32_t>(config.bos_token_id));
+      else if (tokenizer && tokenizer->bos_id()) job->prompt.push_back(*tokenizer->bos_id());
+      else throw ApiError(400, "the prompt is empty and the model has no bos token", "invalid_request_error", param);
+    }
+    const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
+    if (prompt_tokens >= config.max_position_embeddings) {
+      throw ApiError(400,
+                     str_cat("This model's maximum context length is ", config.max_position_embeddings,
+                             " tokens; the prompt has ", prompt_tokens, " tokens, which leaves no room to generate."),
+                     "invalid_request_error", param, "context_length_exceeded");
+    }
+    const int64_t wanted =
+        r.max_tokens.value_or(r.endpoint == Endpoint::completions ? 16 : options.default_max_tokens);
+    job->max_tokens = std::min(wanted, config.max_position_embeddings - prompt_tokens);
+    job->sampling.temperature = r.temperature;
+    job->sampling.top_p = r.top_p;
+    job->sampling.top_k = r.top_k;
+    job->sampling.presence_penalty = r.presence_penalty;
+    job->sampling.frequency_penalty = r.frequency_penalty;
+    job->sampling.seed = r.seed.value_or(next_id.load() * 0x9E3779B97F4A7C15ull);
+    job->stop = r.stop;
+    job->stop_ids = r.endpoint == Endpoint::chat_completions ? &chat_stop_ids : &stop_ids;
+    return job;
+  }
+
+  void submit(const std::shared_ptr<Job>& job) {
+    {
+      std::lock_guard lock(queue_m);
+      if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
+      queue.push_back(job);
+      metrics.queued = static_cast<int64_t>(queue.size());
+    }
+    metrics.prompt_tokens(static_cast<int64_t>(job->prompt.size()));
+    queue_cv.notify_one();
+  }
+
+  // ---- The scheduler ----
+
+  struct Active {
+    std::shared_ptr<Job> job;
+    std::shared_ptr<StreamDecoder> stream;
+    generate::StopStringMatcher matcher;
+    int64_t count = 0;
+    bool finished = false;
+    Clock::time_point last;
+
+    void send(const std::string& piece) {
+      if (piece.empty()) return;
+      std::lock_guard lock(job->m);
+      job->pending += piece;
+      job->text += piece;
+      job->cv.notify_all();
+    }
+    void finish(const std::string& reason, const std::string& error = "") {
+      if (finished) return;
+      finished = true;
+      std::lock_guard lock(job->m);
+      job->done = true;
+      job->finish_reason = reason;
+      job->error = error;
+      job->completion_tokens = count;
+      job->cv.notify_all();
+    }
+  };
+
+  std::string decode(Active& a, int32_t token) const {
+    if (a.stream) return a.stream->push(token);
+    return std::string(1, static_cast<char>(static_cast<uint8_t>(token)));  // a byte model (ids 0..255)
+  }
+
+  // The end of a sequence that was not stopped by a stop string: the decoder's and the matcher's tails.
+  void finish_text(Active& a, const std::string& reason) {
+    std::string tail;
+    if (a.stream) tail = a.matcher.push(a.stream->finish());
+    if (a.matcher.stopped()) {
+      a.send(tail);
+      a.finish("stop");
+      return;
+    }
+    a.send(tail + a.matcher.flush());
+    a.finish(reason);
+  }
+
+  // Returns whether the sequence goes on.
+  bool on_token(Active& a, int32_t token) {
+    if (a.finished) return false;
+    const Clock::time_point now = Clock::now();
+    if (a.count == 0) metrics.first_token(seconds_between(a.job->arrived, now));
+    else metrics.next_token(seconds_between(a.last, now));
+    a.last = now;
+    ++a.count;
+    if (a.job->cancelled || stopping) {
+      a.finish("cancelled");
+      return false;
+    }
+    const std::vector<int64_t>& ids = *a.job->stop_ids;
+    if (std::find(ids.begin(), ids.end(), int64_t{token}) != ids.end()) {  // not decoded
+      finish_text(a, "stop");
+      return false;
+    }
+    if (token >= 0 && (a.stream || token < 256)) {
+      const std::string piece = a.matcher.push(decode(a, token));
+      a.send(piece);
+      if (a.matcher.stopped()) {
+        a.finish("stop");
+        return false;
+      }
+    }
+    if (a.count >= a.job->max_tokens) {
+      finish_text(a, "length");
+      return false;
+    }
+    return true;
+  }
+
+  void run(std::vector<std::shared_ptr<Job>>& batch) {
+    std::vector<Active> actives;
+    actives.reserve(batch.size());
+    for (const std::shared_ptr<Job>& job : batch) {
+      Active a{job, nullptr, generate::StopStringMatcher(job->stop), 0, false, Clock::now()};
+      if (tokenizer) a.stream = std::make_shared<StreamDecoder>(tokenizer->stream_decoder(/*skip_special_tokens=*/true));
+      actives.push_back(std::move(a));
+    }
+    generate::GenerateOptions gen;
+    gen.compute_dtype = compute_dtype;
+    gen.sampling = batch.front()->sampling;
+    gen.max_new_tokens = 0;
+    for (const std::shared_ptr<Job>& job : batch) gen.max_new_tokens = std::max(gen.max_new_tokens, job->max_tokens);
+    try {
+      if (batch.size() == 1) {
+        generate::generate(*model, batch.front()->prompt, gen, [&](int32_t token) { return on_token(actives[0], token); });
+      } else {
+        std::vector<std::vector<int32_t>> prompts;
+        for (const std::shared_ptr<Job>& job : batch) prompts.push_back(job->prompt);
+        generate::generate_batch(*model, prompts, gen,
+                                 [&](size_t i, int32_t token) { return on_token(actives[i], token); });
+      }
+      for (Active& a : actives) {
+        if (!a.finished) finish_text(a, "length");  // the model's window
+      }
+    } catch (const std::exception& e) {
+      for (Active& a : actives) a.finish("error", str_cat("generation failed: ", e.what()));
+    }
+  }
+
+  void scheduler_loop() {
+    while (true) {
+      std::vector<std::shared_ptr<Job>> batch;
+      {
+        std::unique_lock lock(queue_m);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (stopping) break;
+        batch.push_back(queue.front());
+        queue.pop_front();
+        // Greedy requests batch with the greedy requests waiting behind them; sampled ones run alone.
+        if (batch.front()->greedy()) {
+          for (auto it = queue.begin(); it != queue.end() && static_cast<int>(batch.size()) < options.max_batch;) {
+            if ((*it)->greedy()) {
+              batch.push_back(*it);
+              it = queue.erase(it);
+            } else {
+              ++it;
+            }
+          }
+        }
+        metrics.queued = static_cast<int64_t>(queue.size());
+      }
+      std::erase_if(batch, [](const std::shared_ptr<Job>& job) {
+        if (!job->cancelled) return false;
+        std::lock_guard lock(job->m);
+        job->done = true;
+        job->finish_reason = "cancelled";
+        return true;
+      });
+      if (batch.empty()) continue;
+      metrics.running = static_cast<int64_t>(batch.size());
+      run(batch);
+      metrics.running = 0;
+    }
+    // Shutting down: whatever waits is told so.
+    std::lock_guard lock(queue_m);
+    for (const std::shared_ptr<Job>& job : queue) {
+      std::lock_guard job_lock(job->m);
+      job->done = true;
+      job->finish_reason = "cancelled";
+      job->error = "the server is shutting down";
+      job->cv.notify_all();
+    }
+    queue.clear();
+    metrics.queued = 0;
+  }
+
+  // ---- HTTP ----
+
+  void reply_error(httplib::Response& res, const std::string& endpoint, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(error_body(e), "application/json");
+    metrics.count_request(endpoint, e.status);
+  }
+
+  void check_auth(const httplib::Request& req) const {
+    if (options.api_key.empty()) return;
+    if (req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+      throw ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error", "",
+                     "invalid_api_key");
+    }
+  }
+
+  static std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
+
+  void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+    const std::string path = endpoint_path(endpoint);
+    try {
+      check_auth(req);
+      const CompletionRequest r = parse_completion_request(req.body, endpoint);
+      std::shared_ptr<Job> job = make_job(r);
+      ResponseInfo info;
+      info.endpoint = endpoint;
+      info.id = str_cat(endpoint == Endpoint::completions ? "cmpl-" : "chatcmpl-", next_id.fetch_add(1));
+      info.created = unix_time();
+      info.model = r.model.empty() ? name : r.model;
+      submit(job);
+      const Usage usage_base{static_cast<int64_t>(job->prompt.size()), 0};
+      if (r.stream) {
+        stream_response(res, job, info, usage_base);
+        metrics.count_request(path, 200);
+        return;
+      }
+      std::unique_lock lock(job->m);
+      while (!job->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return job->done; })) {
+        if (stopping) {
+          job->cancelled = true;
+          throw ApiError(503, "the server is shutting down", "server_error");
+        }
+      }
+      if (!job->error.empty()) throw ApiError(500, job->error, "server_error");
+      if (job->finish_reason == "cancelled") throw ApiError(503, "the server is shutting down", "server_error");
+      Usage usage = usage_base;
+      usage.completion_tokens = job->completion_tokens;
+      res.set_content(completion_body(info, job->text, job->finish_reason, usage), "application/json");
+      metrics.count_request(path, 200);
+    } catch (const ApiError& e) {
+      reply_error(res, path, e);
+    } catch (const Error& e) {
+      reply_error(res, path, ApiError(400, e.what()));
+    } catch (const std::exception& e) {
+      reply_error(res, path, ApiError(500, e.what(), "server_error"));
+    }
+  }
+
+  void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseInfo& info,
+                       const Usage& usage_base) {
+    struct State {
+      bool sent_role = false;
+      Clock::time_point last_write = Clock::now();
+    };
+    auto state = std::make_shared<State>();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, info, usage_base, state](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) {
+            if (!sink.write(s.data(), s.size())) return false;
+            state->last_write = Clock::now();
+            return true;
+          };
+          auto cancel = [&] {
+            job->cancelled = true;
+            return false;
+          };
+          if (stopping) return cancel();
+          if (info.endpoint == Endpoint::chat_completions && !state->sent_role) {
+            if (!write(sse(chunk_body(info, "", /*role=*/true)))) return cancel();
+            state->sent_role = true;
+          }
+          std::string text, reason, error;
+          bool done = false;
+          int64_t tokens = 0;
+          {
+            std::unique_lock lock(job->m);
+            job->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !job->pending.empty() || job->done; });
+            text.swap(job->pending);
+            done = job->done;
+            reason = job->finish_reason;
+            error = job->error;
+            tokens = job->completion_tokens;
+          }
+          if (!sink.is_writable()) return cancel();
+          if (!text.empty() && !write(sse(chunk_body(info, text)))) return cancel();
+          if (done) {
+            if (!error.empty()) {
+              write(sse(error_body(ApiError(500, error, "server_error"))));
+            } else {
+              Usage usage = usage_base;
+              usage.completion_tokens = tokens;
+              write(sse(chunk_body(info, "", false, reason, usage)));
+            }
+            write("data: [DONE]\n\n");
+            sink.done();
+            return true;
+          }
+          // A comment line now and then while waiting (in the queue): a client that left is noticed.
+          if (Clock::now() - state->last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n")) return cancel();
+          return true;
+        },
+        [job](bool success) {
+          if (!success) job->cancelled = true;
+        });
+  }
+
+  void install_routes() {
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_keep_alive_timeout(2);  // an idle connection holds a thread (and stop()) this long at most
+    const int threads = std::max(options.http_threads, 2);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content("{\"status\":\"ok\"}", "application/json");
+      metrics.count_request("/health", 200);
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      metrics.count_request("/metrics", 200);
+      res.set_content(metrics.text(), "text/plain; version=0.0.4");
+    });
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        check_auth(req);
+        res.set_content(models_body(name, created), "application/json");
+        metrics.count_request("/v1/models", 200);
+      } catch (const ApiError& e) {
+        reply_error(res, "/v1/models", e);
+      }
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_completion(req, res, Endpoint::completions);
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_completion(req, res, Endpoint::chat_completions);
+    });
+    // Errors httplib answers itself (404, 413 for a body over the limit, 400 for a malformed request) get
+    // an OpenAI error object too; the handlers' own errors already have one.
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string endpoint = req.path;
+      if (endpoint != "/v1/completions" && endpoint != "/v1/chat/completions" && endpoint != "/v1/models" &&
+          endpoint != "/health" && endpoint != "/metrics") {
+        endpoint = "other";
+      }
+      std::string message = str_cat("HTTP ", res.status);
+      std::string type = "invalid_request_error", code;
+      if (res.status == 404) {
+        message = str_cat("no such endpoint: ", req.method, " ", req.path), type = "not_found_error";
+      } else if (res.status == 413) {
+        message = str_cat("the request body is larger than ", options.max_body_bytes, " bytes");
+        code = "request_too_large";
+      }
+      res.set_content(error_body(ApiError(res.status, message, type, "", code)), "application/json");
+      metrics.count_request(endpoint, res.status);
+    });
+  }
+
+  void start() {
+    MICROLLM_CHECK(!started.exchange(true), ValueError, "serve", "the server was started already");
+    install_routes();
+    if (options.port == 0) {
+      bound_port = http.bind_to_any_port(options.host);
+      MICROLLM_CHECK(bound_port > 0, IoError, "serve", "cannot bind ", options.host, " (any port)");
+    } else {
+      MICROLLM_CHECK(http.bind_to_port(options.host, options.port), IoError, "serve", "cannot bind ", options.host, ":",
+                     options.port);
+      bound_port = options.port;
+    }
+    scheduler = std::thread([this] { scheduler_loop(); });
+    listener = std::thread([this] { http.listen_after_bind(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(queue_m);
+      if (stopping.exchange(true)) return;
+    }
+    queue_cv.notify_all();
+    if (scheduler.joinable()) scheduler.join();
+    http.stop();
+    if (listener.joinable()) listener.join();
+    {
+      std::lock_guard lock(stop_m);
+      stopped = true;
+    }
+    stop_cv.notify_all();
+  }
+};
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Server::~Server() { stop(); }
+void Server::start() { impl_->start(); }
+void Server::stop() { impl_->stop(); }
+void Server::wait() {
+  std::unique_lock lock(impl_->stop_m);
+  impl_->stop_cv.wait(lock, [&] { return impl_->stopped; });
+}
+int Server::port() const { return impl_->bound_port; }
+const std::string& Server::model_name() const { return impl_->name; }
+std::string Server::metrics_text() const { return impl_->metrics.text(); }
+
+}  // namespace microllm::serve
