@@ -85,6 +85,11 @@ class Metrics {
     std::lock_guard lock(m_);
     prompt_tokens_ += static_cast<uint64_t>(n);
   }
+  void batch(size_t requests) {
+    std::lock_guard lock(m_);
+    ++batches_;
+    batched_requests_ += requests;
+  }
   std::atomic<int64_t> running{0}, queued{0};
 
   std::string text() const {
@@ -99,6 +104,11 @@ class Metrics {
         << "# TYPE microllm_generated_tokens_total counter\nmicrollm_generated_tokens_total " << generated_tokens_
         << "\n# HELP microllm_prompt_tokens_total Prompt tokens of requests admitted.\n"
         << "# TYPE microllm_prompt_tokens_total counter\nmicrollm_prompt_tokens_total " << prompt_tokens_ << "\n";
+    out << "# HELP microllm_batches_total Batches the scheduler ran (one request or several greedy ones).\n"
+        << "# TYPE microllm_batches_total counter\nmicrollm_batches_total " << batches_
+        << "\n# HELP microllm_batched_requests_total Requests in those batches.\n"
+        << "# TYPE microllm_batched_requests_total counter\nmicrollm_batched_requests_total " << batched_requests_
+        << "\n";
     ttft_.write(out, "microllm_time_to_first_token_seconds", "From the request's arrival to its first token.");
     itl_.write(out, "microllm_inter_token_latency_seconds", "Between consecutive tokens of a request.");
     out << "# HELP microllm_requests_running Requests being generated.\n# TYPE microllm_requests_running gauge\n"
@@ -111,7 +121,7 @@ class Metrics {
  private:
   mutable std::mutex m_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
-  uint64_t generated_tokens_ = 0, prompt_tokens_ = 0;
+  uint64_t generated_tokens_ = 0, prompt_tokens_ = 0, batches_ = 0, batched_requests_ = 0;
   Histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram itl_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
 };
@@ -448,6 +458,7 @@ struct Server::Impl {
       });
       if (batch.empty()) continue;
       metrics.running = static_cast<int64_t>(batch.size());
+      metrics.batch(batch.size());
       run(batch);
       metrics.running = 0;
     }

@@ -369,6 +369,9 @@ TEST_F(ServeTest, ConcurrentClientsAllSucceed) {
     });
   }
   for (std::thread& t : threads) t.join();
+  const std::string m = client().Get("/metrics")->body;
+  std::cout << metric(m, "microllm_batched_requests_total") << " requests in " << metric(m, "microllm_batches_total")
+            << " batches\n";
   for (int i = 0; i < clients; ++i) {
     EXPECT_EQ(statuses[static_cast<size_t>(i)], 200) << i;
     EXPECT_EQ(texts[static_cast<size_t>(i)], refs[static_cast<size_t>(i)].text) << i;
