@@ -112,7 +112,8 @@ for ((r = 0; r < N; ++r)); do
   pids+=($!)
 done
 sleep 10
-kill -9 "${pids[$((N - 1))]}"
+# The pid is timeout's: kill the microllm process under it (killing timeout alone leaves the rank running).
+pkill -9 -P "${pids[$((N - 1))]}"
 killed=$EPOCHREALTIME
 for ((r = 0; r < N - 1; ++r)); do
   wait "${pids[$r]}"; status=$?
