@@ -36,6 +36,7 @@ struct TrainCliOptions {
   int threads = 0;
   int64_t seed = -1;
   bool resume = false;
+  bool keep_best = false;
   std::string distributed;  // auto | off | mpi | nccl
   bool zero1 = false;
   std::vector<std::string> sets;  // key=value, value as JSON (a bare word is a string)
@@ -79,6 +80,7 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
   if (o.threads > 0) j["threads"] = o.threads;
   if (o.seed >= 0) j["seed"] = static_cast<uint64_t>(o.seed);
   if (o.resume) j["resume"] = true;
+  if (o.keep_best) j["keep_best"] = true;
   if (!o.distributed.empty()) j["distributed"] = o.distributed;
   if (o.zero1) j["zero1"] = true;
   for (const std::string& kv : o.sets) {
@@ -216,6 +218,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
   cmd->add_option("--seed", o->seed, "Seed of the initialization and the batch sampler");
   cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in the output directory");
+  cmd->add_flag("--keep-best", o->keep_best, "Also keep the checkpoint of the lowest validation loss (CHECKPOINT-best)");
   cmd->add_option("--distributed", o->distributed,
                   "Data parallelism: auto (when launched by mpirun or torchrun), off, or a backend (mpi, nccl)")
       ->check(CLI::IsMember({"auto", "off", "mpi", "nccl"}));

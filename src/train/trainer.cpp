@@ -101,6 +101,7 @@ void for_each_field(C& c, F&& f) {
   f("checkpoint_interval", c.checkpoint_interval);
   f("out_dir", c.out_dir);
   f("checkpoint_dir", c.checkpoint_dir);
+  f("keep_best", c.keep_best);
   f("seed", c.seed);
   f("resume", c.resume);
   f("threads", c.threads);
@@ -200,6 +201,8 @@ void TrainConfig::validate() const {
 std::string TrainConfig::resolved_checkpoint_dir() const {
   return checkpoint_dir.empty() ? (fs::path(out_dir) / "checkpoint").string() : checkpoint_dir;
 }
+
+std::string TrainConfig::best_checkpoint_dir() const { return resolved_checkpoint_dir() + "-best"; }
 
 LrSchedule TrainConfig::lr_schedule() const {
   LrSchedule s;
@@ -477,10 +480,16 @@ TrainResult Trainer::run_loop(const TrainCallbacks& callbacks) {
   auto eval = [&]() {
     if (val_batches_.empty()) return;
     const EvalMetrics m = evaluate();
+    const bool improved = std::all_of(eval_history_.begin(), eval_history_.end(),
+                                      [&](const EvalMetrics& earlier) { return m.loss < earlier.loss; });
     eval_history_.push_back(m);
     result.last_eval = m;
     write_metrics_line(eval_json(m).dump());
     if (callbacks.on_eval) callbacks.on_eval(m);
+    if (config_.keep_best && improved) {
+      save_checkpoint(config_.best_checkpoint_dir());
+      if (callbacks.on_checkpoint) callbacks.on_checkpoint(config_.best_checkpoint_dir());
+    }
   };
   auto save = [&]() {
     save_checkpoint(dir);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -227,6 +228,36 @@ TEST_P(TrainerFilesTest, CheckpointHoldsHuggingFaceFilesStateAndMetrics) {
   }());
   ASSERT_TRUE(r.last_eval);
   EXPECT_NEAR(r.last_eval->nats_per_byte, r.last_eval->loss, 1e-12);  // bytes: one token a byte
+}
+
+TEST_P(TrainerFilesTest, KeepBestSavesTheCheckpointOfTheLowestValidationLoss) {
+  TrainConfig c = config("best");
+  c.keep_best = true;
+  c.steps = 8;
+  c.eval_interval = 1;
+  c.lr = 3e-2;  // large steps: the validation loss goes down and up, so not every evaluation improves
+  Trainer trainer(c);
+  std::vector<EvalMetrics> evals;
+  std::vector<int64_t> best_saves;
+  TrainCallbacks callbacks;
+  callbacks.on_eval = [&](const EvalMetrics& m) { evals.push_back(m); };
+  callbacks.on_checkpoint = [&](const std::string& dir) {
+    if (dir == c.best_checkpoint_dir()) best_saves.push_back(trainer.step());
+  };
+  trainer.run(callbacks);
+  ASSERT_EQ(evals.size(), 8u);
+  std::vector<int64_t> improvements;
+  double best = INFINITY;
+  for (const EvalMetrics& m : evals) {
+    if (m.loss < best) improvements.push_back(m.step);
+    best = std::min(best, m.loss);
+  }
+  EXPECT_EQ(best_saves, improvements);
+  const nlohmann::json state =
+      nlohmann::json::parse(io::read_text_file(c.best_checkpoint_dir() + "/trainer_state.json"));
+  EXPECT_EQ(state["step"], improvements.back());
+  EXPECT_TRUE(fs::exists(c.best_checkpoint_dir() + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(c.resolved_checkpoint_dir() + "/model.safetensors"));  // the last one as before
 }
 
 TEST_P(TrainerFilesTest, ConfigJsonRoundTripsAndRejectsUnknownFields) {

@@ -66,6 +66,9 @@ struct TrainConfig {
   int64_t checkpoint_interval = 0;          // 0: only at the end (and on SIGINT)
   std::string out_dir = "data/runs/train";  // metrics.jsonl, loss.svg, and checkpoint/ unless checkpoint_dir is set
   std::string checkpoint_dir;
+  // Also keep the checkpoint of the lowest validation loss so far in best_checkpoint_dir() (rewritten at
+  // each evaluation that improves on it): a run that overfits still leaves its best model.
+  bool keep_best = false;
   uint64_t seed = 1337;  // model initialization and the batch sampler
   bool resume = false;   // continue from checkpoint_dir when it holds a checkpoint
   int threads = 0;       // CPU threads (0: OMP_NUM_THREADS or all cores)
@@ -80,6 +83,7 @@ struct TrainConfig {
   std::string to_json() const;
   void validate() const;  // ValueError naming the field
   std::string resolved_checkpoint_dir() const;
+  std::string best_checkpoint_dir() const;  // resolved_checkpoint_dir() + "-best"
   LrSchedule lr_schedule() const;
 };
 
