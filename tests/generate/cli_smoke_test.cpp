@@ -79,7 +79,8 @@ std::string tokenizer_json() {
 TEST(CliSmoke, InspectGenerateAndChatOnATinyModelDirectory) {
   const fs::path bin = microllm_binary();
   if (!fs::exists(bin)) GTEST_SKIP() << bin << " is not built (cmake --build ... --target microllm_app)";
-  const fs::path source = fs::path(__FILE__).parent_path();
+  // Not __FILE__: under ccache's base_dir it is a path relative to where the compiler ran.
+  const fs::path source = fs::path(MICROLLM_SOURCE_DIR) / "tests" / "generate";
   const fs::path script = source / "cli_smoke.sh";
   const fs::path chat_template = source.parent_path() / "fixtures" / "tokenizer" / "templates" / "qwen2.5-instruct.jinja";
   ASSERT_TRUE(fs::exists(script)) << script;
