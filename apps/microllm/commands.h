@@ -16,5 +16,6 @@ void register_inspect(CLI::App& app);   // architecture, parameter count and ten
 void register_chat(CLI::App& app);      // talk with a chat model, one user turn per line of stdin
 void register_logits(CLI::App& app);    // logits / greedy tokens of ids as safetensors (parity checks)
 void register_serve(CLI::App& app);     // an OpenAI-compatible HTTP server over a model
+void register_bench(CLI::App& app);     // prefill / decode tokens/s, a llama-bench-style table
 
 }  // namespace microllm::app

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   microllm::app::register_chat(app);
   microllm::app::register_logits(app);
   microllm::app::register_serve(app);
+  microllm::app::register_bench(app);
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {
