@@ -4,6 +4,7 @@
 #include <span>
 
 #include "microllm/autograd/variable.h"
+#include "microllm/ops/reduce.h"
 
 namespace microllm::generate {
 
@@ -19,6 +20,17 @@ const char* finish_reason_name(FinishReason reason) {
 }
 
 namespace {
+
+// Greedy decoding without penalties needs only each row's first maximum, the sampler's greedy choice:
+// taken on the logits' device, so one id per sequence crosses to the host instead of a vocabulary row.
+// Empty when the sampling parameters need the whole row on the host.
+std::vector<int32_t> device_argmax(const Tensor& logits, const SamplingParams& p) {  // logits [B, T, vocab]
+  const bool plain_greedy = p.temperature == 0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 &&
+                            p.frequency_penalty == 0.0;
+  if (!plain_greedy) return {};
+  const std::vector<int64_t> ids = argmax(logits.select(1, logits.size(1) - 1), -1).to_vector<int64_t>();
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
 
 bool is_stop_id(const GenerateOptions& options, int32_t token) {
   return std::find(options.stop_ids.begin(), options.stop_ids.end(), int64_t{token}) != options.stop_ids.end();
@@ -59,9 +71,11 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
          cache.length() + static_cast<int64_t>(step_ids.size()) <= capacity) {
     const Tensor ids = Tensor::from_vector(step_ids, {1, static_cast<int64_t>(step_ids.size())}, device);
     const Tensor logits = model.forward(ids, ctx).value();  // [1, T, vocab]
-    const std::vector<float> last =
-        logits.select(1, logits.size(1) - 1).reshape({-1}).to_vector<float>();  // the host waits here, once per token
-    const int32_t token = sampler.sample(last, history);
+    // The host waits here, once per token, for one id (greedy) or the last row of logits.
+    const std::vector<int32_t> greedy = device_argmax(logits, options.sampling);
+    const int32_t token = !greedy.empty() ? greedy[0]
+                                          : sampler.sample(logits.select(1, logits.size(1) - 1).reshape({-1}).to_vector<float>(),
+                                                           history);
     generated.push_back(token);
     history.push_back(token);
     if (on_token && !on_token(token)) break;
@@ -165,12 +179,15 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
 
   // Samples the next token of every active sequence from logits [B, T, vocab] (the last row).
   auto sample_step = [&](const Tensor& logits) {
-    const std::vector<float> last = logits.select(1, logits.size(1) - 1).contiguous().to_vector<float>();
+    const std::vector<int32_t> greedy = device_argmax(logits, options.sampling);
+    const std::vector<float> last =
+        greedy.empty() ? logits.select(1, logits.size(1) - 1).contiguous().to_vector<float>() : std::vector<float>();
     const auto vocab = static_cast<size_t>(config.vocab_size);
     for (size_t b = 0; b < batch; ++b) {
       if (!active[b]) continue;
-      const std::span<const float> row(last.data() + b * vocab, vocab);
-      const int32_t token = samplers[b].sample(row, history[b]);
+      const int32_t token = !greedy.empty() ? greedy[b]
+                                            : samplers[b].sample(std::span<const float>(last.data() + b * vocab, vocab),
+                                                                 history[b]);
       Generation& g = out[b];
       g.tokens.push_back(token);
       history[b].push_back(token);
