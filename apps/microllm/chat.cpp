@@ -13,20 +13,11 @@
 #include <vector>
 
 #include "commands.h"
+#include "inference.h"
 #include "microllm/generate/generate.h"
 #include "microllm/tokenizer/tokenizer.h"
 
 namespace microllm::app {
-
-// Defined in generate.cpp (shared by generate and chat).
-void add_sampling_options(CLI::App* cmd, generate::GenerateOptions& options);
-std::unique_ptr<nn::TransformerLM> load_inference_model(const std::string& directory, const std::string& device,
-                                                        const std::string& dtype, int threads, bool verbose);
-std::optional<Tokenizer> load_tokenizer_if_any(const std::string& directory);
-void prepare_generate_options(const std::string& directory, const CLI::App& cmd, const nn::TransformerConfig& config,
-                              const Tokenizer* tokenizer, bool chat, generate::GenerateOptions& options);
-generate::TextDecoder make_text_decoder(const std::optional<Tokenizer>& tokenizer,
-                                        std::shared_ptr<StreamDecoder>& keep_alive);
 
 namespace {
 
@@ -54,7 +45,7 @@ std::string trim(const std::string& s) {
 
 void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
   std::unique_ptr<nn::TransformerLM> model = load_inference_model(o.model, o.device, o.dtype, o.threads, o.verbose);
-  const std::optional<Tokenizer> tokenizer = load_tokenizer_if_any(o.model);
+  const std::optional<Tokenizer> tokenizer = Tokenizer::load_if_present(o.model);
   MICROLLM_CHECK(tokenizer.has_value(), ValueError, "chat", o.model,
                  " has no tokenizer.json: chat needs a Hugging Face tokenizer with a chat template");
   MICROLLM_CHECK(tokenizer->chat_template_source().has_value(), ValueError, "chat", o.model,

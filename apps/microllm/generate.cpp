@@ -7,28 +7,23 @@
 // model for inference, and the stop ids and defaults a model directory asks for.
 #include "microllm/generate/generate.h"
 
-#include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "commands.h"
+#include "inference.h"
 #include "microllm/core/threads.h"
+#include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/tokenizer/tokenizer.h"
 #include "microllm/train/data.h"
 
 namespace microllm::app {
 
-namespace fs = std::filesystem;
+// ---- Shared with chat.cpp (inference.h) ----
 
-// ---- Shared with chat.cpp (declared there) ----
-
-// --max-tokens, the sampling flags, --seed and --stop, into `options`.
 void add_sampling_options(CLI::App* cmd, generate::GenerateOptions& options) {
   cmd->add_option("-n,--max-tokens", options.max_new_tokens, "Tokens to generate at most")
       ->check(CLI::NonNegativeNumber)
@@ -62,33 +57,7 @@ std::unique_ptr<nn::TransformerLM> load_inference_model(const std::string& direc
   return std::move(loaded.model);
 }
 
-// The Hugging Face tokenizer of `directory`, if it has one (else the model works on bytes).
-std::optional<Tokenizer> load_tokenizer_if_any(const std::string& directory) {
-  const fs::path dir(directory);
-  if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")) return Tokenizer::load(directory);
-  return std::nullopt;
-}
-
 namespace {
-
-std::optional<nlohmann::json> read_json_if_any(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ParseError("generate", str_cat(path.string(), ": not JSON (", e.what(), ")"));
-  }
-}
-
-void add_ids(const nlohmann::json& value, std::vector<int64_t>& ids) {
-  if (value.is_number_integer()) ids.push_back(value.get<int64_t>());
-  if (value.is_array()) {
-    for (const auto& v : value) {
-      if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
-    }
-  }
-}
 
 // "\n", "\t", "\r", "\\" in a command-line stop string.
 std::string unescape(const std::string& s) {
@@ -110,44 +79,24 @@ std::string unescape(const std::string& s) {
 
 }  // namespace
 
-// Completes `options` for a model directory: stop strings unescaped; the stop ids of config.json,
-// generation_config.json and the tokenizer's eos (with `chat`, also the template's end-of-turn token);
-// generation_config.json's sampling values for the flags the user did not give (as transformers does).
 void prepare_generate_options(const std::string& directory, const CLI::App& cmd, const nn::TransformerConfig& config,
                               const Tokenizer* tokenizer, bool chat, generate::GenerateOptions& options) {
   for (std::string& s : options.stop_strings) s = unescape(s);
-  std::vector<int64_t> ids = config.eos_token_ids;
-  const std::optional<nlohmann::json> gen_config = read_json_if_any(fs::path(directory) / "generation_config.json");
-  if (gen_config && gen_config->contains("eos_token_id")) add_ids((*gen_config)["eos_token_id"], ids);
-  if (tokenizer && tokenizer->eos_id()) ids.push_back(*tokenizer->eos_id());
-  if (tokenizer && chat) {
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
-      if (const std::optional<int32_t> id = tokenizer->token_to_id(end_of_turn)) ids.push_back(*id);
-    }
-  }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  options.stop_ids = ids;
-  if (!gen_config) return;
-  const nlohmann::json& g = *gen_config;
+  options.stop_ids = models::stop_token_ids(directory, config, tokenizer ? tokenizer->stop_ids(chat) : std::vector<int32_t>{});
+  const std::optional<models::GenerationConfig> g = models::read_generation_config(directory);
+  if (!g) return;
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
-  auto number = [&](const char* key) -> std::optional<double> {
-    if (g.contains(key) && g[key].is_number()) return g[key].get<double>();
-    return std::nullopt;
-  };
   generate::SamplingParams& s = options.sampling;
-  const bool do_sample = !g.contains("do_sample") || !g["do_sample"].is_boolean() || g["do_sample"].get<bool>();
   if (!given("--temperature")) {
-    if (!do_sample) s.temperature = 0;
-    else if (auto t = number("temperature")) s.temperature = *t;
+    if (!g->do_sample.value_or(true)) s.temperature = 0;
+    else if (g->temperature) s.temperature = *g->temperature;
   }
-  if (auto v = number("top_k"); v && !given("--top-k")) s.top_k = static_cast<int64_t>(*v);
-  if (auto v = number("top_p"); v && !given("--top-p") && *v > 0 && *v <= 1) s.top_p = *v;
-  if (auto v = number("min_p"); v && !given("--min-p") && *v >= 0 && *v < 1) s.min_p = *v;
-  if (auto v = number("repetition_penalty"); v && !given("--repetition-penalty") && *v > 0) s.repetition_penalty = *v;
+  if (g->top_k && !given("--top-k")) s.top_k = static_cast<int64_t>(*g->top_k);
+  if (auto v = g->top_p; v && !given("--top-p") && *v > 0 && *v <= 1) s.top_p = *v;
+  if (auto v = g->min_p; v && !given("--min-p") && *v >= 0 && *v < 1) s.min_p = *v;
+  if (auto v = g->repetition_penalty; v && !given("--repetition-penalty") && *v > 0) s.repetition_penalty = *v;
 }
 
-// Ids -> text for streaming: the tokenizer's StreamDecoder (special tokens skipped), or bytes.
 generate::TextDecoder make_text_decoder(const std::optional<Tokenizer>& tokenizer,
                                         std::shared_ptr<StreamDecoder>& keep_alive) {
   if (tokenizer) {
@@ -187,7 +136,7 @@ struct GenerateCliOptions {
 
 void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
   std::unique_ptr<nn::TransformerLM> model = load_inference_model(o.model, o.device, o.dtype, o.threads, o.verbose);
-  const std::optional<Tokenizer> hf = load_tokenizer_if_any(o.model);
+  const std::optional<Tokenizer> hf = Tokenizer::load_if_present(o.model);
   const std::string prompt_text = o.prompt.value_or("");
   std::vector<int32_t> prompt;
   if (o.chat) {

@@ -119,28 +119,4 @@ void save_model(const nn::TransformerLM& model, const std::string& directory, si
   io::write_text_atomically((fs::path(directory) / "config.json").string(), write_config(model.config()));
 }
 
-std::string describe_model_directory(const std::string& directory) {
-  const nn::TransformerConfig c = read_config_file(directory);
-  const io::SafetensorsCheckpoint checkpoint = io::SafetensorsCheckpoint::open(directory);
-  std::ostringstream out;
-  out << "model_type " << c.model_type << " (" << architecture_of(c.model_type) << ")\n"
-      << "layers " << c.num_layers << ", hidden " << c.hidden_size << ", intermediate " << c.intermediate_size
-      << ", heads " << c.num_heads << " (kv " << c.num_kv_heads << "), head_dim " << c.resolved_head_dim() << "\n"
-      << "vocab " << c.vocab_size << ", tied embeddings " << (c.tie_word_embeddings ? "yes" : "no")
-      << ", qkv bias " << (c.attention_bias ? "yes" : "no") << ", qk-norm " << (c.qk_norm ? "yes" : "no") << "\n"
-      << "rope theta " << c.rope.theta << ", rms_norm_eps " << c.rms_norm_eps << ", max positions "
-      << c.max_position_embeddings << "\n";
-  int64_t parameters = 0;
-  std::ostringstream table;
-  for (const std::string& name : checkpoint.names()) {
-    const io::TensorInfo& info = checkpoint.info(name);
-    parameters += info.shape.numel();
-    table << "  " << name << "  " << dtype_name(info.dtype) << " " << info.shape << "\n";
-  }
-  out << "parameters " << parameters << " in " << checkpoint.names().size() << " tensors, "
-      << checkpoint.files().size() << " file(s), " << static_cast<double>(checkpoint.total_bytes()) / 1e9 << " GB\n"
-      << table.str();
-  return out.str();
-}
-
 }  // namespace microllm::models

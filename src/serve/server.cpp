@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 
 #include "microllm/core/error.h"
 #include "microllm/generate/generate.h"
+#include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/tokenizer/tokenizer.h"
 #include "serve/openai_api.h"
@@ -150,32 +150,6 @@ struct Job {
   bool greedy() const { return sampling.temperature <= 0; }
 };
 
-// ---- Model state shared by the handlers and the scheduler ----
-
-std::optional<nlohmann::json> read_json_if_any(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ParseError("serve", str_cat(path.string(), ": not JSON (", e.what(), ")"));
-  }
-}
-
-void add_ids(const nlohmann::json& value, std::vector<int64_t>& ids) {
-  if (value.is_number_integer()) ids.push_back(value.get<int64_t>());
-  if (value.is_array()) {
-    for (const auto& v : value) {
-      if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
-    }
-  }
-}
-
-void sort_unique(std::vector<int64_t>& ids) {
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-}
-
 }  // namespace
 
 struct Server::Impl {
@@ -219,28 +193,21 @@ struct Server::Impl {
                    "dtype must be f32 or bf16, got ", options.dtype);
     compute_dtype = load.dtype;
     model = models::load_model(options.model_dir, load).model;
-    const fs::path dir(options.model_dir);
-    if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "vocab.json")) tokenizer = Tokenizer::load(options.model_dir);
+    tokenizer = Tokenizer::load_if_present(options.model_dir);
     if (tokenizer && tokenizer->chat_template_source()) {
       try {
         chat_template = tokenizer->chat_template();
       } catch (const NotSupportedError&) {  // an unknown template: /v1/chat/completions answers 400
       }
     }
-    // Stop ids as `microllm generate` finds them: config.json, generation_config.json, the tokenizer's eos;
+    // Stop ids as `microllm generate` finds them (config.json, generation_config.json, the tokenizer's eos);
     // for chat also the template's end-of-turn tokens.
-    stop_ids = model->config().eos_token_ids;
-    const std::optional<nlohmann::json> gen = read_json_if_any(dir / "generation_config.json");
-    if (gen && gen->contains("eos_token_id")) add_ids((*gen)["eos_token_id"], stop_ids);
-    if (tokenizer && tokenizer->eos_id()) stop_ids.push_back(*tokenizer->eos_id());
-    chat_stop_ids = stop_ids;
-    if (tokenizer) {
-      for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
-        if (const std::optional<int32_t> id = tokenizer->token_to_id(end_of_turn)) chat_stop_ids.push_back(*id);
-      }
-    }
-    sort_unique(stop_ids);
-    sort_unique(chat_stop_ids);
+    auto stop_ids_of = [&](bool chat) {
+      return models::stop_token_ids(options.model_dir, model->config(),
+                                    tokenizer ? tokenizer->stop_ids(chat) : std::vector<int32_t>{});
+    };
+    stop_ids = stop_ids_of(false);
+    chat_stop_ids = stop_ids_of(true);
   }
 
   // ---- Requests -> jobs ----

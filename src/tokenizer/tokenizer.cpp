@@ -1,6 +1,8 @@
 // The encode/decode pipeline and the public Tokenizer and StreamDecoder.
 #include "microllm/tokenizer/tokenizer.h"
 
+#include <filesystem>
+
 #include "microllm/core/error.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
@@ -62,6 +64,14 @@ using tokenizer_detail::TokenizerImpl;
 
 Tokenizer Tokenizer::load(const std::string& path) { return Tokenizer(tokenizer_detail::load_tokenizer(path)); }
 
+std::optional<Tokenizer> Tokenizer::load_if_present(const std::string& directory) {
+  const std::filesystem::path dir(directory);
+  for (const char* file : {"tokenizer.json", "vocab.json", "encoder.json"}) {
+    if (std::filesystem::is_regular_file(dir / file)) return load(directory);
+  }
+  return std::nullopt;
+}
+
 Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& name) {
   return Tokenizer(tokenizer_detail::parse_tokenizer_json(json_text, name));
 }
@@ -122,6 +132,17 @@ std::optional<std::string> Tokenizer::bos_token() const {
   return id ? id_to_token(*id) : std::nullopt;
 }
 std::optional<std::string> Tokenizer::eos_token() const { return impl_->eos_token; }
+
+std::vector<int32_t> Tokenizer::stop_ids(bool chat) const {
+  std::vector<int32_t> ids;
+  if (const std::optional<int32_t> eos = eos_id()) ids.push_back(*eos);
+  if (chat) {
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
+      if (const std::optional<int32_t> id = token_to_id(end_of_turn)) ids.push_back(*id);
+    }
+  }
+  return ids;
+}
 
 std::optional<std::string> Tokenizer::chat_template_source() const { return impl_->chat_template; }
 

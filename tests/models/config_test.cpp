@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+
+#include "microllm/core/error.h"
 
 namespace microllm::models {
 namespace {
@@ -94,6 +99,40 @@ TEST(ModelConfig, RefusesIntegersAboveInt64Max) {
   // INT64_MAX itself is a valid integer.
   EXPECT_EQ(read_config(config_with("llama", ", \"eos_token_id\": 9223372036854775807")).eos_token_ids,
             (std::vector<int64_t>{INT64_MAX}));
+}
+
+
+TEST(GenerationConfig, StopIdsAndSamplingDefaultsComeFromGenerationConfigJson) {
+  const fs::path dir = fs::temp_directory_path() / ("microllm-generation-config-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  nn::TransformerConfig config;
+  config.eos_token_ids = {3};
+  // No file: no generation config; the stop ids are config.json's and the extra ones.
+  EXPECT_FALSE(read_generation_config(dir.string()).has_value());
+  const int32_t extra[] = {9, 3};
+  EXPECT_EQ(stop_token_ids(dir.string(), config, extra), (std::vector<int64_t>{3, 9}));
+
+  std::ofstream(dir / "generation_config.json")
+      << R"({"eos_token_id": [5, 3], "do_sample": false, "top_k": 20, "top_p": 0.8, "temperature": "hot"})";
+  const std::optional<GenerationConfig> g = read_generation_config(dir.string());
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->eos_token_ids, (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(g->do_sample, false);
+  EXPECT_EQ(g->top_k, 20.0);
+  EXPECT_EQ(g->top_p, 0.8);
+  EXPECT_FALSE(g->temperature.has_value());  // not a number: ignored, as transformers ignores it
+  EXPECT_FALSE(g->min_p.has_value());
+  const int32_t eos_and_end_of_turn[] = {7, 5};
+  EXPECT_EQ(stop_token_ids(dir.string(), config, eos_and_end_of_turn), (std::vector<int64_t>{3, 5, 7}));
+
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [5, )";
+  try {
+    read_generation_config(dir.string());
+    ADD_FAILURE() << "a truncated generation_config.json was accepted";
+  } catch (const ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Added tokens in the text: longest match at the leftmost position, lstrip/rstrip/single_word, normalized
 // tokens matched after normalization, special or not.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "tokenizer_test_util.h"
 
@@ -81,6 +82,23 @@ TEST(AddedTokens, EmptyTextAndOnlyTokens) {
   EXPECT_EQ(tok.encode(""), Ids{});
   EXPECT_EQ(tok.encode("<s><s>"), (Ids{256, 256}));
   EXPECT_EQ(tok.decode(Ids{}), "");
+}
+
+
+TEST(AddedTokens, StopIdsAreTheEosAndForChatTheEndOfTurnTokens) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("microllm-stop-ids-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  EXPECT_FALSE(Tokenizer::load_if_present(dir.string()).has_value());  // no tokenizer files: bytes
+
+  std::ofstream(dir / "tokenizer.json")
+      << with_tokens(Json::array({token(256, "<|endoftext|>"), token(257, "<|im_end|>")})).dump();
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|endoftext|>"})";
+  const std::optional<Tokenizer> tok = Tokenizer::load_if_present(dir.string());
+  ASSERT_TRUE(tok.has_value());
+  EXPECT_EQ(tok->stop_ids(/*chat=*/false), (Ids{256}));
+  EXPECT_EQ(tok->stop_ids(/*chat=*/true), (Ids{256, 257}));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 // another activation) is a NotSupportedError naming the field.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,21 @@ nn::TransformerConfig read_config(const std::string& json_text, const std::strin
 nn::TransformerConfig read_config_file(const std::string& path);
 // config.json text that transformers loads (model_type, architectures and every field it needs).
 std::string write_config(const nn::TransformerConfig& config);
+
+// generation_config.json: the ids that end generation and the sampling defaults transformers' generate()
+// takes when the caller gives none.
+struct GenerationConfig {
+  std::vector<int64_t> eos_token_ids;  // eos_token_id: a number or a list
+  std::optional<bool> do_sample;
+  std::optional<double> temperature, top_k, top_p, min_p, repetition_penalty;
+};
+// Reads DIR/generation_config.json; nullopt when the directory has none. Text that is not JSON is a
+// ParseError naming the file; fields of another type are ignored, as transformers ignores them.
+std::optional<GenerationConfig> read_generation_config(const std::string& directory);
+// The ids that end generation for a model directory: config.json's eos ids (`config`), generation_config.json's,
+// and `extra` (a tokenizer's eos, a chat template's end-of-turn tokens), sorted, without repeats.
+std::vector<int64_t> stop_token_ids(const std::string& directory, const nn::TransformerConfig& config,
+                                    std::span<const int32_t> extra = {});
 
 std::vector<std::string> supported_model_types();
 // "Qwen2ForCausalLM" for "qwen2"; throws NotSupportedError for an unknown model_type.

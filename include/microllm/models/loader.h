@@ -46,7 +46,4 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
 // Writes DIR/config.json and the weights (one file, or shards of at most max_shard_bytes with an index).
 void save_model(const nn::TransformerLM& model, const std::string& directory, size_t max_shard_bytes = 0);
 
-// The architecture, parameter count and tensor table of a model directory, for `microllm inspect`.
-std::string describe_model_directory(const std::string& directory);
-
 }  // namespace microllm::models

