@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "microllm/backend/backend.h"
 #include "microllm/core/float_formats.h"
 #include "portability.h"
 
@@ -24,6 +25,20 @@ struct SgdScalars {
   bool nesterov, first_step;
   uint64_t seed;
 };
+
+// The scalars of a step as the backends receive it (host code).
+inline AdamWScalars adamw_scalars(const AdamWStep& step) {
+  return {static_cast<float>(step.beta1),
+          static_cast<float>(step.beta2),
+          static_cast<float>(step.eps),
+          static_cast<float>(step.lr / step.bias_correction1),
+          static_cast<float>(1.0 / std::sqrt(step.bias_correction2)),
+          static_cast<uint64_t>(step.step)};
+}
+inline SgdScalars sgd_scalars(const SgdStep& step) {
+  return {static_cast<float>(step.lr), static_cast<float>(step.momentum), static_cast<float>(step.dampening),
+          step.nesterov,               step.first_step,                   static_cast<uint64_t>(step.step)};
+}
 
 // A 64-bit mix (splitmix64's finalizer): the rounding bits of element `index` of tensor `tensor`.
 MICROLLM_HD inline uint32_t rounding_bits(uint64_t seed, uint64_t tensor, uint64_t index) {

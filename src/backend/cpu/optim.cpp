@@ -35,12 +35,7 @@ void CpuBackend::adamw_step(const std::vector<Tensor>& params, const std::vector
                             const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) {
   if (params.empty()) return;
   const float scale = grad_scale_value(grad_scale);
-  const optim_math::AdamWScalars s{static_cast<float>(step.beta1),
-                                   static_cast<float>(step.beta2),
-                                   static_cast<float>(step.eps),
-                                   static_cast<float>(step.lr / step.bias_correction1),
-                                   static_cast<float>(1.0 / std::sqrt(step.bias_correction2)),
-                                   static_cast<uint64_t>(step.step)};
+  const optim_math::AdamWScalars s = optim_math::adamw_scalars(step);
   visit_moment(exp_avg[0].dtype(), "adamw_step", [&]<typename M>() {
     for (size_t t = 0; t < params.size(); ++t) {
       float* p = static_cast<float*>(params[t].data_ptr());
@@ -63,12 +58,7 @@ void CpuBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<T
                           const Tensor& grad_scale, const SgdStep& step) {
   if (params.empty()) return;
   const float scale = grad_scale_value(grad_scale);
-  const optim_math::SgdScalars s{static_cast<float>(step.lr),
-                                 static_cast<float>(step.momentum),
-                                 static_cast<float>(step.dampening),
-                                 step.nesterov,
-                                 step.first_step,
-                                 static_cast<uint64_t>(step.step)};
+  const optim_math::SgdScalars s = optim_math::sgd_scalars(step);
   const DType moment_dtype = momentum_buffer.empty() ? DType::f32 : momentum_buffer[0].dtype();
   visit_moment(moment_dtype, "sgd_step", [&]<typename M>() {
     for (size_t t = 0; t < params.size(); ++t) {

@@ -211,12 +211,7 @@ void CudaBackend::adamw_step(const std::vector<Tensor>& params, const std::vecto
   OpScope scope("adamw_step", device_, detail::current_cuda_stream(device_));
   if (params.empty()) return;
   Launch launch(params[0]);
-  const optim_math::AdamWScalars s{static_cast<float>(step.beta1),
-                                   static_cast<float>(step.beta2),
-                                   static_cast<float>(step.eps),
-                                   static_cast<float>(step.lr / step.bias_correction1),
-                                   static_cast<float>(1.0 / std::sqrt(step.bias_correction2)),
-                                   static_cast<uint64_t>(step.step)};
+  const optim_math::AdamWScalars s = optim_math::adamw_scalars(step);
   const float* scale = scale_ptr(grad_scale);
   visit_moment(exp_avg[0].dtype(), "adamw_step", [&]<typename M>() {
     multi_tensor_apply<4>(
@@ -241,12 +236,7 @@ void CudaBackend::sgd_step(const std::vector<Tensor>& params, const std::vector<
   OpScope scope("sgd_step", device_, detail::current_cuda_stream(device_));
   if (params.empty()) return;
   Launch launch(params[0]);
-  const optim_math::SgdScalars s{static_cast<float>(step.lr),
-                                 static_cast<float>(step.momentum),
-                                 static_cast<float>(step.dampening),
-                                 step.nesterov,
-                                 step.first_step,
-                                 static_cast<uint64_t>(step.step)};
+  const optim_math::SgdScalars s = optim_math::sgd_scalars(step);
   const float* scale = scale_ptr(grad_scale);
   const bool has_momentum = !momentum_buffer.empty();
   visit_moment(has_momentum ? momentum_buffer[0].dtype() : DType::f32, "sgd_step", [&]<typename M>() {
