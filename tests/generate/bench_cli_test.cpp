@@ -5,36 +5,22 @@
 // The executable is $MICROLLM_BIN, else apps/microllm beside this test's build folder; the tests skip when
 // it has not been built.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "cli_testing.h"
 
 namespace microllm {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path microllm_binary() {
-  if (const char* bin = std::getenv("MICROLLM_BIN")) return bin;
-  const fs::path self = fs::read_symlink("/proc/self/exe");  // <build>/tests/generate_tests
-  return self.parent_path().parent_path() / "apps" / "microllm";
-}
-
-// Runs `command` through the shell; returns the exit code and stdout + stderr.
-int run(const std::string& command, std::string& output) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using testing::microllm_binary;
+using testing::run_command;
 
 TEST(BenchCli, TinyPresetOnTheCpuWritesTheExpectedRows) {
   const fs::path bin = microllm_binary();
@@ -45,7 +31,7 @@ TEST(BenchCli, TinyPresetOnTheCpuWritesTheExpectedRows) {
                                                                           "-r 1 --device cpu --json '")
                                   .append(json_path.string())
                                   .append("'");
-  const int rc = run(command, output);
+  const int rc = run_command(command, output);
   ASSERT_EQ(rc, 0) << output;
   EXPECT_NE(output.find("| model | params | device | dtype | batch | test | t/s min | t/s median | t/s max |"),
             std::string::npos)
@@ -103,13 +89,13 @@ TEST(BenchCli, ExplicitTestsThatCannotRunAreErrors) {
   // "literal" + std::string&& at -O3).
   auto command = [&](const char* args) { return std::string("'").append(bin.string()).append("' ").append(args); };
   std::string output;
-  EXPECT_EQ(run(command("bench --preset tiny -p 4096 -n 0 --workload none -r 1"), output), 1) << output;
+  EXPECT_EQ(run_command(command("bench --preset tiny -p 4096 -n 0 --workload none -r 1"), output), 1) << output;
   EXPECT_NE(output.find("window"), std::string::npos) << output;
   output.clear();
-  EXPECT_EQ(run(command("bench --preset tiny -p 0 -n 2 -b 0 --workload none -r 1"), output), 1) << output;
+  EXPECT_EQ(run_command(command("bench --preset tiny -p 0 -n 2 -b 0 --workload none -r 1"), output), 1) << output;
   EXPECT_NE(output.find("batch 0"), std::string::npos) << output;
   output.clear();
-  EXPECT_EQ(run(command("bench --preset tiny -p 0 -n 0 --workload 16:2 -r 1"), output), 1) << output;
+  EXPECT_EQ(run_command(command("bench --preset tiny -p 0 -n 0 --workload 16:2 -r 1"), output), 1) << output;
   EXPECT_NE(output.find("PROMPT:BATCH:NEW_TOKENS"), std::string::npos) << output;
 }
 

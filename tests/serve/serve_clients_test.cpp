@@ -4,12 +4,11 @@
 // folder), curl or python3 is missing.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <string>
-#include <sys/wait.h>
 
+#include "cli_testing.h"
 #include "test_support.h"
 #include "tiny_model_dir.h"
 
@@ -18,28 +17,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path microllm_binary() {
-  if (const char* bin = std::getenv("MICROLLM_BIN")) return bin;
-  const fs::path self = fs::read_symlink("/proc/self/exe");  // <build>/tests/serve_tests
-  return self.parent_path().parent_path() / "apps" / "microllm";
-}
-
 void run_clients(const std::string& mode) {
-  const fs::path bin = microllm_binary();
+  const fs::path bin = testing::microllm_binary();
   if (!fs::exists(bin)) GTEST_SKIP() << bin << " is not built (cmake --build ... --target microllm_app)";
   const fs::path script = fs::path(MICROLLM_SOURCE_DIR) / "tests" / "serve" / "serve_clients.sh";
-  serve_testing::TinyModelDir dir(testing::fresh_seed());
-  const std::string command =
-      "bash '" + script.string() + "' '" + bin.string() + "' '" + dir.dir.string() + "' " + mode + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
+  const testing::TinyModelDir dir(testing::fresh_seed());
   std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << output;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  const int status = testing::run_command(
+      "bash '" + script.string() + "' '" + bin.string() + "' '" + dir.dir.string() + "' " + mode, output);
+  ASSERT_NE(status, -1) << output;
+  if (status == 77) GTEST_SKIP() << output;
+  EXPECT_EQ(status, 0) << output;
   EXPECT_NE(output.find("all checks passed"), std::string::npos) << output;
   std::cout << output;
 }

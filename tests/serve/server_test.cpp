@@ -58,7 +58,7 @@ Sse parse_sse(const std::string& body, bool chat) {
 class ServeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_dir_ = std::make_unique<serve_testing::TinyModelDir>(testing::fresh_seed());
+    model_dir_ = std::make_unique<testing::TinyModelDir>(testing::fresh_seed());
     ServerOptions options;
     options.model_dir = model_dir_->dir.string();
     options.model_name = "tiny";
@@ -107,13 +107,13 @@ class ServeTest : public ::testing::Test {
     return std::stod(text.substr(at + name.size() + 2));
   }
 
-  static std::unique_ptr<serve_testing::TinyModelDir> model_dir_;
+  static std::unique_ptr<testing::TinyModelDir> model_dir_;
   static std::unique_ptr<Server> server_;
   static std::unique_ptr<nn::TransformerLM> reference_model_;
   static std::unique_ptr<Tokenizer> tokenizer_;
 };
 
-std::unique_ptr<serve_testing::TinyModelDir> ServeTest::model_dir_;
+std::unique_ptr<testing::TinyModelDir> ServeTest::model_dir_;
 std::unique_ptr<Server> ServeTest::server_;
 std::unique_ptr<nn::TransformerLM> ServeTest::reference_model_;
 std::unique_ptr<Tokenizer> ServeTest::tokenizer_;
@@ -380,7 +380,7 @@ TEST_F(ServeTest, ConcurrentClientsAllSucceed) {
 }
 
 TEST(ServeAuth, ApiKeyIsRequiredOnV1) {
-  serve_testing::TinyModelDir dir(testing::fresh_seed());
+  testing::TinyModelDir dir(testing::fresh_seed());
   ServerOptions options;
   options.model_dir = dir.dir.string();
   options.port = 0;
