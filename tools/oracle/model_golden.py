@@ -48,6 +48,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from greedy_reference import greedy, logits_of  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "models"
@@ -113,26 +114,6 @@ def randomize(model, generator):
                 p.copy_(0.1 * torch.randn(p.shape, generator=generator))
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=generator))
-
-
-@torch.no_grad()
-def logits_of(model, ids):
-    return model(input_ids=ids, use_cache=False).logits.float()
-
-
-@torch.no_grad()
-def greedy(model, prompt, steps):
-    """Argmax continuation of prompt [P], one full forward per token; returns (tokens [steps], min top-2 gap)."""
-    ids = prompt.reshape(1, -1)
-    tokens, margin = [], float("inf")
-    for _ in range(steps):
-        last = logits_of(model, ids)[0, -1]
-        top = torch.topk(last, 2)
-        margin = min(margin, float(top.values[0] - top.values[1]))
-        token = int(top.indices[0])
-        tokens.append(token)
-        ids = torch.cat([ids, torch.tensor([[token]], dtype=ids.dtype)], dim=1)
-    return torch.tensor(tokens, dtype=torch.int64), margin
 
 
 def cross_check_generate(model, prompt, expected):

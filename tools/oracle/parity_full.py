@@ -39,6 +39,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from greedy_reference import greedy, logits_of  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -90,26 +91,6 @@ def build_model(config, seed, device):
             torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     return model.float().to(device).eval()
-
-
-@torch.no_grad()
-def logits_of(model, ids):
-    return model(input_ids=ids, use_cache=False).logits.float()
-
-
-@torch.no_grad()
-def greedy(model, prompt, steps):
-    """Argmax continuation of prompt [1, P], one full forward per token; (tokens [steps], min top-2 gap)."""
-    ids = prompt
-    tokens, margin = [], float("inf")
-    for _ in range(steps):
-        last = logits_of(model, ids)[0, -1]
-        top = torch.topk(last, 2)
-        margin = min(margin, float(top.values[0] - top.values[1]))
-        token = int(top.indices[0])
-        tokens.append(token)
-        ids = torch.cat([ids, torch.tensor([[token]], dtype=ids.dtype, device=ids.device)], dim=1)
-    return torch.tensor(tokens, dtype=torch.int64), margin
 
 
 def run_microllm(binary, model_dir, ids, device, dtype, out, greedy_tokens, timeout):
