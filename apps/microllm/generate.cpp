@@ -35,8 +35,7 @@ void add_sampling_options(CLI::App* cmd, generate::GenerateOptions& options) {
   cmd->add_option("--min-p", options.sampling.min_p, "Keep tokens at least this fraction as likely as the best");
   cmd->add_option("--repetition-penalty", options.sampling.repetition_penalty, "Demote tokens already seen (1: off)");
   cmd->add_option("--presence-penalty", options.sampling.presence_penalty, "Subtract from the logits of seen tokens");
-  cmd->add_option("--frequency-penalty", options.sampling.frequency_penalty,
-                  "Subtract per occurrence of a seen token");
+  cmd->add_option("--frequency-penalty", options.sampling.frequency_penalty, "Subtract per occurrence of a seen token");
   cmd->add_option("--seed", options.sampling.seed, "Sampling seed (the same seed gives the same text)");
   cmd->add_option("--stop", options.stop_strings,
                   "Stop when the text contains this string (repeatable; \\n, \\t and \\\\ are understood)")
@@ -68,11 +67,16 @@ std::string unescape(const std::string& s) {
       continue;
     }
     const char c = s[++i];
-    if (c == 'n') out += '\n';
-    else if (c == 't') out += '\t';
-    else if (c == 'r') out += '\r';
-    else if (c == '\\') out += '\\';
-    else out += {'\\', c};
+    if (c == 'n')
+      out += '\n';
+    else if (c == 't')
+      out += '\t';
+    else if (c == 'r')
+      out += '\r';
+    else if (c == '\\')
+      out += '\\';
+    else
+      out += {'\\', c};
   }
   return out;
 }
@@ -82,14 +86,17 @@ std::string unescape(const std::string& s) {
 void prepare_generate_options(const std::string& directory, const CLI::App& cmd, const nn::TransformerConfig& config,
                               const Tokenizer* tokenizer, bool chat, generate::GenerateOptions& options) {
   for (std::string& s : options.stop_strings) s = unescape(s);
-  options.stop_ids = models::stop_token_ids(directory, config, tokenizer ? tokenizer->stop_ids(chat) : std::vector<int32_t>{});
+  options.stop_ids =
+      models::stop_token_ids(directory, config, tokenizer ? tokenizer->stop_ids(chat) : std::vector<int32_t>{});
   const std::optional<models::GenerationConfig> g = models::read_generation_config(directory);
   if (!g) return;
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
   generate::SamplingParams& s = options.sampling;
   if (!given("--temperature")) {
-    if (!g->do_sample.value_or(true)) s.temperature = 0;
-    else if (g->temperature) s.temperature = *g->temperature;
+    if (!g->do_sample.value_or(true))
+      s.temperature = 0;
+    else if (g->temperature)
+      s.temperature = *g->temperature;
   }
   if (g->top_k && !given("--top-k")) s.top_k = static_cast<int64_t>(*g->top_k);
   if (auto v = g->top_p; v && !given("--top-p") && *v > 0 && *v <= 1) s.top_p = *v;
@@ -147,9 +154,11 @@ void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
     messages.push_back({"user", prompt_text});
     ChatOptions chat_options;
     if (o.no_think) {
-      if (chat.family() == ChatFamily::qwen3) chat_options.enable_thinking = false;
-      else std::cerr << "warning: --no-think: the " << ChatTemplate::family_name(chat.family())
-                     << " chat template has no enable_thinking; ignored\n";
+      if (chat.family() == ChatFamily::qwen3)
+        chat_options.enable_thinking = false;
+      else
+        std::cerr << "warning: --no-think: the " << ChatTemplate::family_name(chat.family())
+                  << " chat template has no enable_thinking; ignored\n";
     }
     prompt = hf->encode(chat.render(messages, chat_options), /*add_special_tokens=*/false);
   } else {
@@ -157,8 +166,10 @@ void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
     prompt = hf ? hf->encode(prompt_text, /*add_special_tokens=*/true) : train::ByteTokenizer().encode(prompt_text);
   }
   if (prompt.empty()) {  // an empty prompt starts from BOS
-    if (model->config().bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
-    else if (hf && hf->bos_id()) prompt.push_back(*hf->bos_id());
+    if (model->config().bos_token_id >= 0)
+      prompt.push_back(static_cast<int32_t>(model->config().bos_token_id));
+    else if (hf && hf->bos_id())
+      prompt.push_back(*hf->bos_id());
   }
   MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty and the model has no bos token");
   generate::GenerateOptions options = o.options;
@@ -192,7 +203,8 @@ void register_generate(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("-p,--prompt", o->prompt, "Text to continue (none: start from the bos token)");
-  cmd->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn, with the reply header");
+  cmd->add_flag("--chat", o->chat,
+                "Wrap the prompt in the model's chat template as a user turn, with the reply header");
   cmd->add_option("--system", o->system, "With --chat: a system message");
   cmd->add_flag("--no-think", o->no_think, "With --chat: Qwen3's enable_thinking=false");
   cmd->add_flag("--no-echo", o->no_echo, "Do not print the prompt before the continuation");

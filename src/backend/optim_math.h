@@ -36,8 +36,12 @@ inline AdamWScalars adamw_scalars(const AdamWStep& step) {
           static_cast<uint64_t>(step.step)};
 }
 inline SgdScalars sgd_scalars(const SgdStep& step) {
-  return {static_cast<float>(step.lr), static_cast<float>(step.momentum), static_cast<float>(step.dampening),
-          step.nesterov,               step.first_step,                   static_cast<uint64_t>(step.step)};
+  return {static_cast<float>(step.lr),
+          static_cast<float>(step.momentum),
+          static_cast<float>(step.dampening),
+          step.nesterov,
+          step.first_step,
+          static_cast<uint64_t>(step.step)};
 }
 
 // A 64-bit mix (splitmix64's finalizer): the rounding bits of element `index` of tensor `tensor`.

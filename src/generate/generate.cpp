@@ -25,8 +25,8 @@ namespace {
 // taken on the logits' device, so one id per sequence crosses to the host instead of a vocabulary row.
 // Empty when the sampling parameters need the whole row on the host.
 std::vector<int32_t> device_argmax(const Tensor& logits, const SamplingParams& p) {  // logits [B, T, vocab]
-  const bool plain_greedy = p.temperature == 0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 &&
-                            p.frequency_penalty == 0.0;
+  const bool plain_greedy =
+      p.temperature == 0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
   if (!plain_greedy) return {};
   const std::vector<int64_t> ids = argmax(logits.select(1, logits.size(1) - 1), -1).to_vector<int64_t>();
   return std::vector<int32_t>(ids.begin(), ids.end());
@@ -73,9 +73,10 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
     const Tensor logits = model.forward(ids, ctx).value();  // [1, T, vocab]
     // The host waits here, once per token, for one id (greedy) or the last row of logits.
     const std::vector<int32_t> greedy = device_argmax(logits, options.sampling);
-    const int32_t token = !greedy.empty() ? greedy[0]
-                                          : sampler.sample(logits.select(1, logits.size(1) - 1).reshape({-1}).to_vector<float>(),
-                                                           history);
+    const int32_t token =
+        !greedy.empty()
+            ? greedy[0]
+            : sampler.sample(logits.select(1, logits.size(1) - 1).reshape({-1}).to_vector<float>(), history);
     generated.push_back(token);
     history.push_back(token);
     if (on_token && !on_token(token)) break;
@@ -166,16 +167,19 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
   std::vector<bool> active(batch, true);
   size_t remaining = batch;
 
-  // Padding keys [B, 1, 1, S]: key j of sequence b is real when j >= pad[b]. Without padding there is no
-  // mask, so an unpadded batch takes the same kernels as a single sequence.
-  auto padding_mask = [&](int64_t keys) {
+  // Padding keys [B, 1, 1, S]: key j of sequence b is real when j >= pad[b]. Built once for the whole cache
+  // and narrowed to the keys of each step (a view: no host work or upload per token). Without padding there
+  // is no mask, so an unpadded batch takes the same kernels as a single sequence.
+  const Tensor cache_mask = [&] {
     if (!padded) return Tensor();
-    std::vector<uint8_t> mask(static_cast<size_t>(b64 * keys));
+    std::vector<uint8_t> mask(static_cast<size_t>(b64 * capacity));
     for (size_t b = 0; b < batch; ++b) {
-      for (int64_t j = 0; j < keys; ++j) mask[b * static_cast<size_t>(keys) + static_cast<size_t>(j)] = j >= pad[b];
+      for (int64_t j = 0; j < capacity; ++j)
+        mask[b * static_cast<size_t>(capacity) + static_cast<size_t>(j)] = j >= pad[b];
     }
-    return Tensor::from_vector(mask, {b64, 1, 1, keys}, device);
-  };
+    return Tensor::from_vector(mask, {b64, 1, 1, capacity}, device);
+  }();
+  auto padding_mask = [&](int64_t keys) { return padded ? cache_mask.narrow(3, 0, keys) : Tensor(); };
 
   // Samples the next token of every active sequence from logits [B, T, vocab] (the last row).
   auto sample_step = [&](const Tensor& logits) {
@@ -185,9 +189,9 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
     const auto vocab = static_cast<size_t>(config.vocab_size);
     for (size_t b = 0; b < batch; ++b) {
       if (!active[b]) continue;
-      const int32_t token = !greedy.empty() ? greedy[b]
-                                            : samplers[b].sample(std::span<const float>(last.data() + b * vocab, vocab),
-                                                                 history[b]);
+      const int32_t token =
+          !greedy.empty() ? greedy[b]
+                          : samplers[b].sample(std::span<const float>(last.data() + b * vocab, vocab), history[b]);
       Generation& g = out[b];
       g.tokens.push_back(token);
       history[b].push_back(token);

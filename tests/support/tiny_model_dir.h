@@ -31,7 +31,8 @@ struct TinyModelDir {
     namespace fs = std::filesystem;
     const fs::path chat_template =
         fs::path(MICROLLM_SOURCE_DIR) / "tests" / "fixtures" / "tokenizer" / "templates" / "qwen2.5-instruct.jinja";
-    dir = fs::temp_directory_path() / ("microllm-tiny-model-" + std::to_string(::getpid()) + "-" + std::to_string(seed));
+    dir =
+        fs::temp_directory_path() / ("microllm-tiny-model-" + std::to_string(::getpid()) + "-" + std::to_string(seed));
     fs::create_directories(dir);
     nn::TransformerConfig c;
     c.model_type = "qwen2";
@@ -52,8 +53,11 @@ struct TinyModelDir {
     tokenizer["added_tokens"] = Json::array(
         {added_token(256, "<|endoftext|>"), added_token(257, "<|im_start|>"), added_token(258, "<|im_end|>")});
     write_text_file(dir / "tokenizer.json", tokenizer.dump());
-    write_text_file(dir / "tokenizer_config.json",
-                    R"({"bos_token": null, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer"})");
+    const Json tokenizer_config = {{"bos_token", nullptr},
+                                   {"eos_token", "<|im_end|>"},
+                                   {"pad_token", "<|endoftext|>"},
+                                   {"tokenizer_class", "Qwen2Tokenizer"}};
+    write_text_file(dir / "tokenizer_config.json", tokenizer_config.dump());
     fs::copy_file(chat_template, dir / "chat_template.jinja", fs::copy_options::overwrite_existing);
   }
   ~TinyModelDir() {
