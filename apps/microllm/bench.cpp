@@ -1,16 +1,20 @@
 // `microllm bench`: a llama-bench-style table of prefill and decode speed (docs/SERVING.md, issue 6).
 //   microllm bench --model DIR | --preset NAME | --config CONFIG.json [--device cpu|cuda] [--dtype f32|bf16]
 //                  [-p 512,2048] [-n 128] [-b 1,8,32] [--workload 2048:2:64] [-r 3] [--json FILE]
+//                  [--path engine|plain] [--prefill-chunk 2048]
 // One row per test, tokens/s as min / median / max over the repetitions (after --warmup untimed ones):
-//   ppP       prefill: one forward over [batch, P] random ids filling a KV cache (batch from --prefill-batch, 1);
-//   tgN       decode: N single-token steps over a KV cache at each batch of -b, greedy (argmax on the device,
-//             the B ids copied to the host and fed back, as a serving loop does);
-//   ppP+tgN   a workload --workload P:B:N: prefill [B, P], then decode until each sequence has N new tokens,
+//   ppP       prefill: P random prompt tokens per sequence (batch from --prefill-batch, 1) and one new token;
+//   tgN       decode: N new tokens per sequence from a one-token prompt at each batch of -b, greedy;
+//   ppP+tgN   a workload --workload P:B:N: B prompts of P tokens, each decoded until it has N new tokens,
 //             end to end; tokens/s counts the B x N generated tokens (the JSON also has prompt + generated).
+// --path engine (the default) runs each repetition as requests to a generate::Engine, the serving path:
+// paged KV cache, prefill in chunks of --prefill-chunk tokens, decode steps replayed from CUDA graphs, sampling
+// on the device. --path plain runs TransformerLM::forward over a contiguous KvCache, the ids of each step
+// chosen by argmax on the device and copied to the host (the loop before the engine, kept for comparison).
 // The device is synchronized at the end of every timed repetition; KV caches are allocated before the clock
-// starts. --preset and --config build the model with random weights (no checkpoint needed). A test given
-// on the command line that cannot run (longer than the model's window, more memory than the device has) is
-// an error; a default one is skipped with a note.
+// starts (an engine's CUDA graphs are captured in the warm-up). --preset and --config build the model with
+// random weights (no checkpoint needed). A test given on the command line that cannot run (longer than the
+// model's window, more memory than the device has) is an error; a default one is skipped with a note.
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +34,7 @@
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
+#include "microllm/generate/engine.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/nn/transformer.h"
@@ -55,6 +60,8 @@ struct BenchCliOptions {
   int warmup = 1;
   std::string json;
   int threads = 0;
+  std::string path = "engine";  // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
+  int64_t prefill_chunk = 2048;
   // Whether the test lists came from the command line (then a test that cannot run is an error).
   bool prompts_given = false, new_tokens_given = false, batches_given = false, workloads_given = false;
   bool prefill_batches_given = false;
@@ -258,6 +265,24 @@ class Runner {
     return ids;
   }
 
+  // One repetition of `t` through a serving engine, in seconds: B requests submitted at once (a decode test's
+  // prompts are one random token, so decoding starts at once), run until all finish. Greedy, no stop ids.
+  double run_engine(const Test& t, generate::Engine& engine) {
+    std::vector<generate::EngineRequest> requests(static_cast<size_t>(t.batch));
+    for (generate::EngineRequest& r : requests) {
+      const std::vector<int64_t> ids = random_ids(t.kind == Kind::decode ? 1 : t.prompt);
+      r.prompt.assign(ids.begin(), ids.end());
+      r.max_new_tokens = t.kind == Kind::prefill ? 1 : t.generated;
+      r.sampling.temperature = 0;
+    }
+    sync(device_);
+    const auto start = std::chrono::steady_clock::now();
+    for (generate::EngineRequest& r : requests) engine.submit(std::move(r));
+    engine.run_until_idle();
+    sync(device_);
+    return seconds_since(start);
+  }
+
   // One repetition of `t`, in seconds; the cache is allocated by the caller, reset here.
   double run(const Test& t, nn::KvCache& cache) {
     cache.reset();
@@ -346,6 +371,7 @@ void run_bench(const BenchCliOptions& o) {
     model->to(dtype);
     source = str_cat("random weights, seed ", o.seed);
   }
+  model->fuse_projections();
   sync(device);
   const double load_seconds = seconds_since(load_start);
   const nn::TransformerConfig& config = model->config();
@@ -383,7 +409,18 @@ void run_bench(const BenchCliOptions& o) {
     const int64_t capacity = t.kind == Kind::prefill  ? t.prompt
                              : t.kind == Kind::decode ? t.generated
                                                       : t.prompt + t.generated - 1;
-    nn::KvCache cache(config, t.batch, std::max<int64_t>(capacity, 1), dtype, device);
+    std::unique_ptr<nn::KvCache> cache;
+    std::unique_ptr<generate::Engine> engine;
+    if (o.path == "engine") {
+      generate::EngineOptions e;
+      e.max_batch = t.batch;
+      e.dtype = dtype;
+      e.prefill_chunk = o.prefill_chunk;
+      e.kv_blocks = t.batch * ((capacity + 1 + e.block_size - 1) / e.block_size);
+      engine = std::make_unique<generate::Engine>(*model, e);
+    } else {
+      cache = std::make_unique<nn::KvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype, device);
+    }
     Row row{t, {}, {}, 0, 0};
     row.tokens = static_cast<double>(t.batch * (t.kind == Kind::prefill ? t.prompt : t.generated));
     row.total_tokens = static_cast<double>(t.batch * (t.prompt + t.generated));
@@ -392,7 +429,7 @@ void run_bench(const BenchCliOptions& o) {
         std::cerr << "\rbench: " << t.name << " batch " << t.batch << (i < o.warmup ? " warm-up" : " rep ")
                   << (i < o.warmup ? std::string() : std::to_string(i - o.warmup + 1)) << "   " << std::flush;
       }
-      const double s = runner.run(t, cache);
+      const double s = engine ? runner.run_engine(t, *engine) : runner.run(t, *cache);
       if (i < o.warmup) continue;
       row.seconds.push_back(s);
       row.tokens_per_second.push_back(s > 0 ? row.tokens / s : 0);
@@ -410,7 +447,11 @@ void run_bench(const BenchCliOptions& o) {
   out << "model: " << model_name << " (" << source << "), " << config.model_type << ", " << config.num_layers
       << " layers, hidden " << config.hidden_size << ", vocab " << config.vocab_size << ", window "
       << config.max_position_embeddings << "; ready in " << format_rate(load_seconds) << " s\n";
-  out << "repetitions: " << o.reps << " timed after " << o.warmup << " warm-up\n\n";
+  out << "repetitions: " << o.reps << " timed after " << o.warmup << " warm-up; path: " << o.path
+      << (o.path == "engine" ? str_cat(" (generate::Engine, paged KV cache, prefill chunk ", o.prefill_chunk,
+                                       device.is_cuda() ? ", CUDA graphs)" : ")")
+                             : " (TransformerLM::forward over a contiguous KvCache)")
+      << "\n\n";
   out << "| model | params | device | dtype | batch | test | t/s min | t/s median | t/s max |\n";
   out << "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: |\n";
   const std::string params = format_params(config.num_parameters());
@@ -441,6 +482,7 @@ void run_bench(const BenchCliOptions& o) {
     report["device"] = device.str();
     report["dtype"] = o.dtype;
     report["repetitions"] = o.reps;
+    report["path"] = o.path;
     report["warmup"] = o.warmup;
     report["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -512,6 +554,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "Untimed repetitions before them")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
+  cmd->add_option("--path", o->path, "engine: the serving engine (paged KV cache, CUDA graphs); plain: forward + KvCache")
+      ->check(CLI::IsMember({"engine", "plain"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Engine: prompt tokens per prefill forward")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([o, prompts, prefill_batches, new_tokens, batches, workloads] {
     o->prompts_given = prompts->count() > 0;
     o->prefill_batches_given = prefill_batches->count() > 0;

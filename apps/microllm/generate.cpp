@@ -53,6 +53,7 @@ std::unique_ptr<nn::TransformerLM> load_inference_model(const std::string& direc
                  "--dtype must be f32 or bf16, got ", dtype);
   models::LoadedModel loaded = models::load_model(directory, load);
   if (verbose) std::cerr << "[model] " << loaded.report.summary() << "\n";
+  loaded.model->fuse_projections();  // q/k/v and gate/up as one GEMM each
   return std::move(loaded.model);
 }
 

@@ -52,8 +52,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-p,--port", o->server.port, "TCP port (0: any free port)")->capture_default_str();
   cmd->add_option("--device", o->server.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o->server.dtype, "Weights and compute: f32 or bf16")->capture_default_str();
-  cmd->add_option("--max-batch", o->server.max_batch, "Greedy requests decoded together at most")
+  cmd->add_option("--max-batch", o->server.max_batch, "Sequences decoded together at most (continuous batching)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--kv-blocks", o->server.kv_blocks,
+                  "KV cache blocks of 16 tokens (0: half the free GPU memory; on the CPU up to 1 GiB)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413")->capture_default_str();
   cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");

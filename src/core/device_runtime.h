@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "microllm/core/storage.h"
 
@@ -21,5 +22,17 @@ void cuda_fill_bytes(void* dst, int device, int byte, size_t nbytes);
 void cuda_fill(const Tensor& dst, double value);
 // dst[i] = convert(src[i]) for tensors on the same CUDA device; src is already expanded to dst's shape.
 void cuda_copy_strided(const Tensor& src, const Tensor& dst);
+
+// Allocations on this thread come from graph pool `pool` while the scope lives (cuda::Graph::capture).
+class GraphPoolScope {
+ public:
+  explicit GraphPoolScope(uint64_t pool);
+  ~GraphPoolScope();
+  GraphPoolScope(const GraphPoolScope&) = delete;
+  GraphPoolScope& operator=(const GraphPoolScope&) = delete;
+
+ private:
+  uint64_t previous_;
+};
 
 }  // namespace microllm::detail

@@ -24,6 +24,7 @@ void cuda_copy_strided(const Tensor&, const Tensor&) { no_cuda("copy"); }
 namespace cuda {
 DeviceProperties device_properties(int) { no_cuda("cuda"); }
 void synchronize(int) { no_cuda("cuda"); }
+MemoryInfo memory_info(int) { no_cuda("cuda"); }
 Stream Stream::create(int) { no_cuda("cuda"); }
 Stream Stream::default_stream(int) { no_cuda("cuda"); }
 void Stream::synchronize() const { no_cuda("cuda"); }
@@ -39,6 +40,13 @@ float Event::elapsed_ms(const Event&, const Event&) { no_cuda("cuda"); }
 AllocatorStats allocator_stats(int) { no_cuda("cuda"); }
 void reset_peak_allocated(int) { no_cuda("cuda"); }
 void empty_cache(int) { no_cuda("cuda"); }
+uint64_t create_graph_pool() { no_cuda("cuda graph"); }
+void release_graph_pool(int, uint64_t) { no_cuda("cuda graph"); }
+Graph Graph::capture(const Stream&, uint64_t, const std::function<void()>&) { no_cuda("cuda graph"); }
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept {}
+Graph& Graph::operator=(Graph&&) noexcept { return *this; }
+void Graph::replay() const { no_cuda("cuda graph"); }
 TransferStats transfer_stats() { return {}; }
 void reset_transfer_stats() {}
 }  // namespace cuda

@@ -3,7 +3,12 @@
 #include <cmath>
 
 #include "microllm/autograd/functions.h"
+#include "microllm/nn/paged_kv_cache.h"
 #include "microllm/nn/transformer.h"
+#include "microllm/ops/activation.h"
+#include "microllm/ops/attention.h"
+#include "microllm/ops/matmul.h"
+#include "microllm/ops/paged_attention.h"
 
 namespace microllm::nn {
 
@@ -26,6 +31,65 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Initializer
 
 Variable Linear::forward(const Variable& x, const ForwardContext& ctx) const {
   return ag::linear(x, as_compute(*weight_, ctx), bias_ ? as_compute(*bias_, ctx) : Variable());
+}
+
+void FusedProjections::fuse() {
+  if (parts_.empty()) return;
+  const Tensor& first = parts_.front()->weight().value();
+  const bool biased = parts_.front()->bias() != nullptr;
+  int64_t rows = 0;
+  for (Linear* part : parts_) {
+    const Tensor& w = part->weight().value();
+    MICROLLM_CHECK(w.dtype() == first.dtype() && w.device() == first.device() && w.size(1) == first.size(1) &&
+                       (part->bias() != nullptr) == biased,
+                   ValueError, "fuse_projections", "the projections differ in dtype, device, input size or bias");
+    rows += w.size(0);
+  }
+  auto fuse_into = [&](auto tensor_of, const Shape& shape) {
+    const Tensor fused = Tensor::empty(shape, first.dtype(), first.device());
+    int64_t at = 0;
+    for (Linear* part : parts_) {
+      Variable& v = tensor_of(part);
+      const int64_t n = v.value().size(0);
+      const Tensor rows_of_part = fused.narrow(0, at, n);
+      rows_of_part.copy_(v.value());
+      v.set_value(rows_of_part);
+      at += n;
+    }
+  };
+  fuse_into([](Linear* l) -> Variable& { return l->weight(); }, Shape{rows, first.size(1)});
+  if (biased) fuse_into([](Linear* l) -> Variable& { return *l->bias(); }, Shape{rows});
+}
+
+// The parts as one tensor when they are consecutive rows of one buffer (what fuse() left), else undefined.
+static Tensor joined(const std::vector<const Tensor*>& parts) {
+  const Tensor& first = *parts.front();
+  int64_t next = first.offset(), rows = 0;
+  for (const Tensor* t : parts) {
+    if (!t->shares_storage_with(first) || !t->is_contiguous() || t->offset() != next || t->dtype() != first.dtype()) {
+      return Tensor();
+    }
+    next += t->numel();
+    rows += t->size(0);
+  }
+  Shape shape = first.shape();
+  shape[0] = rows;
+  Strides strides = first.strides();
+  return Tensor(first.storage(), shape, strides, first.offset(), first.dtype());
+}
+
+Tensor FusedProjections::forward(const Tensor& x, const ForwardContext& ctx) const {
+  if (parts_.empty() || autograd::grad_enabled()) return Tensor();
+  std::vector<const Tensor*> weights, biases;
+  for (Linear* part : parts_) {
+    weights.push_back(&part->weight().value());
+    if (part->bias()) biases.push_back(&part->bias()->value());
+  }
+  if (weights.front()->dtype() != ctx.compute_dtype) return Tensor();
+  const Tensor weight = joined(weights);
+  const Tensor bias = biases.empty() ? Tensor() : joined(biases);
+  if (!weight.defined() || (!biases.empty() && !bias.defined())) return Tensor();
+  return linear(x, weight, bias);
 }
 
 Embedding::Embedding(int64_t vocab, int64_t dim, Initializer& init) {
@@ -56,6 +120,7 @@ Attention::Attention(const AttentionConfig& config, int layer_index, Initializer
   k_proj_ = &register_module("k_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, init));
   v_proj_ = &register_module("v_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, init));
   o_proj_ = &register_module("o_proj", std::make_unique<Linear>(q_dim, config.hidden_size, false, init));
+  qkv_ = FusedProjections({q_proj_, k_proj_, v_proj_});
   if (config.qk_norm) {
     q_norm_ = &register_module("q_norm", std::make_unique<RMSNorm>(config.head_dim, config.rms_norm_eps));
     k_norm_ = &register_module("k_norm", std::make_unique<RMSNorm>(config.head_dim, config.rms_norm_eps));
@@ -64,15 +129,24 @@ Attention::Attention(const AttentionConfig& config, int layer_index, Initializer
 
 Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const {
   const int64_t batch = x.size(0), tokens = x.size(1), d = config_.head_dim;
-  Variable q = ag::reshape(q_proj_->forward(x, ctx), {batch, tokens, config_.num_heads, d});     // [B, T, Hq, D]
-  Variable k = ag::reshape(k_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});  // [B, T, Hkv, D]
-  Variable v = ag::reshape(v_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});
+  const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
+  Variable q, k, v;
+  if (const Tensor qkv = qkv_.forward(x.value(), ctx); qkv.defined()) {  // [B, T, (Hq + 2 Hkv) D]: views
+    q = Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d}));
+    k = Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d}));
+    v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
+  } else {
+    q = ag::reshape(q_proj_->forward(x, ctx), {batch, tokens, hq, d});   // [B, T, Hq, D]
+    k = ag::reshape(k_proj_->forward(x, ctx), {batch, tokens, hkv, d});  // [B, T, Hkv, D]
+    v = ag::reshape(v_proj_->forward(x, ctx), {batch, tokens, hkv, d});
+  }
   if (q_norm_) {
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
   }
   q = ag::rope(q, ctx.positions, config_.rope);
   k = ag::rope(k, ctx.positions, config_.rope);
+  if (ctx.paged) return o_proj_->forward(Variable(paged_attention(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
   AttentionParams params;
   Variable keys = ag::transpose(k, 1, 2), values = ag::transpose(v, 1, 2);  // [B, Hkv, S, D]
   if (ctx.cache) {
@@ -87,13 +161,48 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   return o_proj_->forward(out, ctx);
 }
 
+// q [B, T, Hq, D], k and v [B, T, Hkv, D] of new tokens -> [B, T, Hq * D], their k/v written to the paged cache.
+Tensor Attention::paged_attention(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
+  MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
+  const int64_t batch = q.size(0), tokens = q.size(1), d = config_.head_dim;
+  const Tensor& k_pool = paged.cache->keys(layer_index_);
+  const Tensor& v_pool = paged.cache->values(layer_index_);
+  microllm::paged_kv_write(k_pool, v_pool, k.reshape({batch * tokens, config_.num_kv_heads, d}),
+                           v.reshape({batch * tokens, config_.num_kv_heads, d}), paged.slots);
+  if (paged.chunk_start < 0) {  // decode: one token per row
+    MICROLLM_CHECK(tokens == 1, ShapeError, "attention", "a paged decode step takes one token per row, got ", tokens);
+    const Tensor out = microllm::paged_attention(q.reshape({batch, config_.num_heads, d}), k_pool, v_pool,
+                                                 paged.block_tables, paged.seq_ids, paged.query_positions, 0,
+                                                 paged.max_context);
+    return out.reshape({batch, 1, config_.num_heads * d});
+  }
+  // A prefill chunk of one sequence: flash attention over its earlier keys (from its blocks) and its own.
+  MICROLLM_CHECK(batch == 1, ShapeError, "attention", "a paged prefill chunk is one sequence, got a batch of ", batch);
+  Tensor keys = k, values = v;  // [1, S, Hkv, D]
+  if (paged.chunk_start > 0) {
+    const Tensor row = paged.block_tables.select(0, paged.chunk_row);
+    const int64_t length = paged.chunk_start + tokens;
+    keys = paged_gather(k_pool, row, length).reshape({1, length, config_.num_kv_heads, d});
+    values = paged_gather(v_pool, row, length).reshape({1, length, config_.num_kv_heads, d});
+  }
+  AttentionParams params;
+  params.q_offset = paged.chunk_start;
+  const Tensor out = microllm::attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), params).out;
+  return out.transpose(1, 2).reshape({batch, tokens, config_.num_heads * d});
+}
+
 Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init) {
   gate_proj_ = &register_module("gate_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
   up_proj_ = &register_module("up_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
   down_proj_ = &register_module("down_proj", std::make_unique<Linear>(intermediate_size, hidden_size, false, init));
+  gate_up_ = FusedProjections({gate_proj_, up_proj_});
 }
 
 Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
+  if (const Tensor gate_up = gate_up_.forward(x.value(), ctx); gate_up.defined()) {  // [.., 2 * intermediate]
+    const int64_t n = gate_up.size(-1) / 2;
+    return down_proj_->forward(Variable(swiglu(gate_up.narrow(-1, 0, n), gate_up.narrow(-1, n, n))), ctx);
+  }
   return down_proj_->forward(ag::swiglu(gate_proj_->forward(x, ctx), up_proj_->forward(x, ctx)), ctx);
 }
 

@@ -1,6 +1,7 @@
 #include "microllm/nn/transformer.h"
 
 #include "microllm/autograd/functions.h"
+#include "microllm/nn/paged_kv_cache.h"
 
 namespace microllm::nn {
 
@@ -82,6 +83,29 @@ size_t KvCache::bytes() const {
   return total;
 }
 
+PagedKvCache::PagedKvCache(const TransformerConfig& config, int64_t num_blocks, int64_t block_size, DType dtype,
+                           Device device)
+    : num_blocks_(num_blocks), block_size_(block_size) {
+  MICROLLM_CHECK(num_blocks >= 1 && block_size >= 1, ValueError, "paged_kv_cache", "needs at least one block of ",
+                 "at least one token, got ", num_blocks, " blocks of ", block_size);
+  const Shape shape{num_blocks, block_size, config.num_kv_heads, config.resolved_head_dim()};
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    keys_.push_back(Tensor::empty(shape, dtype, device));
+    values_.push_back(Tensor::empty(shape, dtype, device));
+  }
+}
+
+size_t PagedKvCache::bytes() const {
+  size_t total = 0;
+  for (size_t i = 0; i < keys_.size(); ++i) total += keys_[i].nbytes() + values_[i].nbytes();
+  return total;
+}
+
+size_t PagedKvCache::block_bytes(const TransformerConfig& config, int64_t block_size, DType dtype) {
+  return 2 * static_cast<size_t>(config.num_layers * block_size * config.num_kv_heads * config.resolved_head_dim()) *
+         dtype_size(dtype);
+}
+
 namespace {
 // A plain container, so names nest as Hugging Face's do ("model.layers.3...").
 class Container : public Module {
@@ -123,10 +147,15 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   }
   Variable h = embed_tokens_->forward(ids, ctx);
   for (const DecoderLayer* layer : layers_) h = layer->forward(h, ctx);
+  if (ctx.last_logits_only && tokens > 1) h = ag::narrow(h, 1, tokens - 1, 1);  // generation needs no more
   h = norm_->forward(h, ctx);
   if (ctx.cache) ctx.cache->advance(tokens);
   if (lm_head_) return lm_head_->forward(h, ctx);
   return ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied head
+}
+
+void TransformerLM::fuse_projections() {
+  for (DecoderLayer* layer : layers_) layer->fuse_projections();
 }
 
 Variable TransformerLM::loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx) const {

@@ -1,4 +1,4 @@
-// The HTTP server (cpp-httplib) and the scheduler thread that owns the model. See serve/server.h.
+// The HTTP server (cpp-httplib) and the scheduler thread that runs the engine. See serve/server.h.
 #include "microllm/serve/server.h"
 
 #include <httplib.h>
@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "microllm/core/error.h"
+#include "microllm/generate/engine.h"
 #include "microllm/generate/generate.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
@@ -85,12 +85,13 @@ class Metrics {
     std::lock_guard lock(m_);
     prompt_tokens_ += static_cast<uint64_t>(n);
   }
-  void batch(size_t requests) {
+  // Decode steps of the engine and the sequences they decoded, since the last call.
+  void decode_steps(uint64_t steps, uint64_t sequences) {
     std::lock_guard lock(m_);
-    ++batches_;
-    batched_requests_ += requests;
+    batches_ += steps;
+    batched_requests_ += sequences;
   }
-  std::atomic<int64_t> running{0}, queued{0};
+  std::atomic<int64_t> running{0}, queued{0}, kv_blocks_used{0}, kv_blocks_total{0};
 
   std::string text() const {
     std::lock_guard lock(m_);
@@ -104,9 +105,9 @@ class Metrics {
         << "# TYPE microllm_generated_tokens_total counter\nmicrollm_generated_tokens_total " << generated_tokens_
         << "\n# HELP microllm_prompt_tokens_total Prompt tokens of requests admitted.\n"
         << "# TYPE microllm_prompt_tokens_total counter\nmicrollm_prompt_tokens_total " << prompt_tokens_ << "\n";
-    out << "# HELP microllm_batches_total Batches the scheduler ran (one request or several greedy ones).\n"
+    out << "# HELP microllm_batches_total Decode steps the engine ran (one token for each decoding sequence).\n"
         << "# TYPE microllm_batches_total counter\nmicrollm_batches_total " << batches_
-        << "\n# HELP microllm_batched_requests_total Requests in those batches.\n"
+        << "\n# HELP microllm_batched_requests_total Sequences decoded in those steps (summed over steps).\n"
         << "# TYPE microllm_batched_requests_total counter\nmicrollm_batched_requests_total " << batched_requests_
         << "\n";
     ttft_.write(out, "microllm_time_to_first_token_seconds", "From the request's arrival to its first token.");
@@ -114,7 +115,11 @@ class Metrics {
     out << "# HELP microllm_requests_running Requests being generated.\n# TYPE microllm_requests_running gauge\n"
         << "microllm_requests_running " << running.load() << "\n"
         << "# HELP microllm_requests_queued Requests waiting for the model.\n# TYPE microllm_requests_queued gauge\n"
-        << "microllm_requests_queued " << queued.load() << "\n";
+        << "microllm_requests_queued " << queued.load() << "\n"
+        << "# HELP microllm_kv_blocks_used KV cache blocks held by requests.\n# TYPE microllm_kv_blocks_used gauge\n"
+        << "microllm_kv_blocks_used " << kv_blocks_used.load() << "\n"
+        << "# HELP microllm_kv_blocks_total KV cache blocks in the pool.\n# TYPE microllm_kv_blocks_total gauge\n"
+        << "microllm_kv_blocks_total " << kv_blocks_total.load() << "\n";
     return out.str();
   }
 
@@ -136,6 +141,7 @@ struct Job {
   const std::vector<int64_t>* stop_ids = nullptr;
   Clock::time_point arrived = Clock::now();
   std::atomic<bool> cancelled{false};
+  uint64_t engine_id = 0;  // set by submit()
 
   // Written by the scheduler, read by the HTTP thread.
   std::mutex m;
@@ -147,7 +153,6 @@ struct Job {
   std::string error;          // generation failed (a 500)
   int64_t completion_tokens = 0;
 
-  bool greedy() const { return sampling.temperature <= 0; }
 };
 
 }  // namespace
@@ -170,9 +175,10 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   int bound_port = 0;
 
-  std::mutex queue_m;
+  std::unique_ptr<generate::Engine> engine;
+  std::mutex queue_m;  // guards live; the scheduler sleeps on queue_cv while the engine is idle
   std::condition_variable queue_cv;
-  std::deque<std::shared_ptr<Job>> queue;
+  std::map<uint64_t, std::shared_ptr<Job>> live;  // submitted and not finished, by engine id
   std::mutex stop_m;
   std::condition_variable stop_cv;
   bool stopped = false;
@@ -193,6 +199,7 @@ struct Server::Impl {
                    "dtype must be f32 or bf16, got ", options.dtype);
     compute_dtype = load.dtype;
     model = models::load_model(options.model_dir, load).model;
+    model->fuse_projections();
     tokenizer = Tokenizer::load_if_present(options.model_dir);
     if (tokenizer && tokenizer->chat_template_source()) {
       try {
@@ -208,6 +215,12 @@ struct Server::Impl {
     };
     stop_ids = stop_ids_of(false);
     chat_stop_ids = stop_ids_of(true);
+    generate::EngineOptions engine_options;
+    engine_options.max_batch = options.max_batch;
+    engine_options.dtype = compute_dtype;
+    engine_options.kv_blocks = options.kv_blocks;
+    engine = std::make_unique<generate::Engine>(*model, engine_options);
+    metrics.kv_blocks_total = engine->stats().kv_blocks_total;
   }
 
   // ---- Requests -> jobs ----
@@ -274,15 +287,42 @@ struct Server::Impl {
     return job;
   }
 
+  // Hands the job to the engine; its tokens come back through on_token on the scheduler thread.
   void submit(const std::shared_ptr<Job>& job) {
+    auto active = std::make_shared<Active>(Active{job, nullptr, generate::StopStringMatcher(job->stop), 0, false,
+                                                  Clock::now()});
+    if (tokenizer) active->stream = std::make_shared<StreamDecoder>(tokenizer->stream_decoder(/*skip_special_tokens=*/true));
+    generate::EngineRequest request;
+    request.prompt = job->prompt;
+    request.max_new_tokens = job->max_tokens;
+    request.sampling = job->sampling;
+    // Stop ids are the server's to handle (on_token): the text before them must be finished first.
+    request.on_token = [this, active](int32_t token) { return on_token(*active, token); };
+    request.on_finish = [this, active](const generate::Generation& g) {
+      if (!active->finished) {
+        if (g.finish_reason == generate::FinishReason::callback) active->finish("cancelled");
+        else finish_text(*active, "length");  // max tokens or the model's window
+      }
+      std::lock_guard lock(queue_m);
+      live.erase(active->job->engine_id);
+    };
     {
       std::lock_guard lock(queue_m);
       if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-      queue.push_back(job);
-      metrics.queued = static_cast<int64_t>(queue.size());
+      try {
+        job->engine_id = engine->submit(std::move(request));
+      } catch (const ValueError& e) {  // more KV blocks than the cache has, say
+        throw ApiError(400, e.what(), "invalid_request_error", "max_tokens", "context_length_exceeded");
+      }
+      live[job->engine_id] = job;
     }
     metrics.prompt_tokens(static_cast<int64_t>(job->prompt.size()));
     queue_cv.notify_one();
+  }
+
+  void cancel(Job& job) {
+    job.cancelled = true;
+    engine->cancel(job.engine_id);
   }
 
   // ---- The scheduler ----
@@ -364,82 +404,67 @@ struct Server::Impl {
     return true;
   }
 
-  void run(std::vector<std::shared_ptr<Job>>& batch) {
-    std::vector<Active> actives;
-    actives.reserve(batch.size());
-    for (const std::shared_ptr<Job>& job : batch) {
-      Active a{job, nullptr, generate::StopStringMatcher(job->stop), 0, false, Clock::now()};
-      if (tokenizer) a.stream = std::make_shared<StreamDecoder>(tokenizer->stream_decoder(/*skip_special_tokens=*/true));
-      actives.push_back(std::move(a));
-    }
-    generate::GenerateOptions gen;
-    gen.compute_dtype = compute_dtype;
-    gen.sampling = batch.front()->sampling;
-    gen.max_new_tokens = 0;
-    for (const std::shared_ptr<Job>& job : batch) gen.max_new_tokens = std::max(gen.max_new_tokens, job->max_tokens);
-    try {
-      if (batch.size() == 1) {
-        generate::generate(*model, batch.front()->prompt, gen, [&](int32_t token) { return on_token(actives[0], token); });
-      } else {
-        std::vector<std::vector<int32_t>> prompts;
-        for (const std::shared_ptr<Job>& job : batch) prompts.push_back(job->prompt);
-        generate::generate_batch(*model, prompts, gen,
-                                 [&](size_t i, int32_t token) { return on_token(actives[i], token); });
-      }
-      for (Active& a : actives) {
-        if (!a.finished) finish_text(a, "length");  // the model's window
-      }
-    } catch (const std::exception& e) {
-      for (Active& a : actives) a.finish("error", str_cat("generation failed: ", e.what()));
-    }
+  void publish_engine_metrics(generate::EngineStats& last) {
+    const generate::EngineStats now = engine->stats();
+    metrics.running = now.prefilling + now.decoding;
+    metrics.queued = now.waiting;
+    metrics.kv_blocks_used = now.kv_blocks_used;
+    metrics.decode_steps(now.decode_steps - last.decode_steps, 0);
+    last = now;
   }
 
+  // The engine's thread: steps while there is work, sleeps while there is none.
   void scheduler_loop() {
+    generate::EngineStats last = engine->stats();
     while (true) {
-      std::vector<std::shared_ptr<Job>> batch;
       {
         std::unique_lock lock(queue_m);
-        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        queue_cv.wait(lock, [&] { return stopping || !engine->idle(); });
         if (stopping) break;
-        batch.push_back(queue.front());
-        queue.pop_front();
-        // Greedy requests batch with the greedy requests waiting behind them; sampled ones run alone.
-        if (batch.front()->greedy()) {
-          for (auto it = queue.begin(); it != queue.end() && static_cast<int>(batch.size()) < options.max_batch;) {
-            if ((*it)->greedy()) {
-              batch.push_back(*it);
-              it = queue.erase(it);
-            } else {
-              ++it;
-            }
-          }
-        }
-        metrics.queued = static_cast<int64_t>(queue.size());
       }
-      std::erase_if(batch, [](const std::shared_ptr<Job>& job) {
-        if (!job->cancelled) return false;
+      const int64_t decoding = engine->stats().decoding;
+      try {
+        engine->step();
+      } catch (const std::exception& e) {
+        fail_all(str_cat("generation failed: ", e.what()));
+      }
+      metrics.decode_steps(0, static_cast<uint64_t>(decoding));
+      publish_engine_metrics(last);
+    }
+    // Shutting down: every request still queued or running ends as cancelled (on_token and on_finish see
+    // `stopping`), without running the model for the queued ones.
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard lock(queue_m);
+      for (const auto& [id, job] : live) ids.push_back(id);
+    }
+    for (uint64_t id : ids) engine->cancel(id);
+    try {
+      engine->run_until_idle();
+    } catch (const std::exception&) {
+    }
+    publish_engine_metrics(last);
+  }
+
+  // The engine threw (out of memory, say): every request in it fails with a 500 and is cancelled.
+  void fail_all(const std::string& error) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    {
+      std::lock_guard lock(queue_m);
+      for (const auto& [id, job] : live) jobs.push_back(job);
+    }
+    for (const std::shared_ptr<Job>& job : jobs) {
+      {
         std::lock_guard lock(job->m);
-        job->done = true;
-        job->finish_reason = "cancelled";
-        return true;
-      });
-      if (batch.empty()) continue;
-      metrics.running = static_cast<int64_t>(batch.size());
-      metrics.batch(batch.size());
-      run(batch);
-      metrics.running = 0;
+        if (!job->done) {
+          job->done = true;
+          job->finish_reason = "error";
+          job->error = error;
+        }
+        job->cv.notify_all();
+      }
+      cancel(*job);
     }
-    // Shutting down: whatever waits is told so.
-    std::lock_guard lock(queue_m);
-    for (const std::shared_ptr<Job>& job : queue) {
-      std::lock_guard job_lock(job->m);
-      job->done = true;
-      job->finish_reason = "cancelled";
-      job->error = "the server is shutting down";
-      job->cv.notify_all();
-    }
-    queue.clear();
-    metrics.queued = 0;
   }
 
   // ---- HTTP ----
@@ -481,7 +506,7 @@ struct Server::Impl {
       std::unique_lock lock(job->m);
       while (!job->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return job->done; })) {
         if (stopping) {
-          job->cancelled = true;
+          cancel(*job);
           throw ApiError(503, "the server is shutting down", "server_error");
         }
       }
@@ -518,7 +543,7 @@ struct Server::Impl {
             return true;
           };
           auto cancel = [&] {
-            job->cancelled = true;
+            this->cancel(*job);  // frees its row and KV blocks at the engine's next step
             return false;
           };
           if (stopping) return cancel();
@@ -556,8 +581,8 @@ struct Server::Impl {
           if (Clock::now() - state->last_write > std::chrono::seconds(1) && !write(": keep-alive\n\n")) return cancel();
           return true;
         },
-        [job](bool success) {
-          if (!success) job->cancelled = true;
+        [this, job](bool success) {
+          if (!success) cancel(*job);
         });
   }
 

@@ -3,6 +3,7 @@
 // Every test here needs a GPU; without one they skip and say why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -126,6 +127,54 @@ TEST_F(CudaRuntimeTest, StreamsEventsAndGuards) {
     EXPECT_EQ(t.to_vector<float>()[12345], 3.0f);
   }
   EXPECT_EQ(cuda::current_stream(0), cuda::Stream::default_stream(0));
+}
+
+TEST_F(CudaRuntimeTest, GraphsReplayTheirKernelsOnMemoryNoOtherWorkGets) {
+  const Device gpu = Device::cuda(0);
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  const Shape shape{4099};
+  Tensor input, output;
+  {
+    cuda::StreamGuard on(stream);
+    input = Tensor::full(shape, 1.0, DType::f32, gpu);
+    output = Tensor::full(shape, -5.0, DType::f64, gpu);
+  }
+  stream.synchronize();
+  cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
+    const Tensor rounded = input.to(DType::bf16);  // allocated and freed inside the capture
+    output.copy_(rounded);
+  });
+  ASSERT_FALSE(graph.empty());
+  EXPECT_EQ(output.to_vector<double>()[0], -5.0) << "capturing ran nothing";
+  // Work on the same stream that frees and allocates blocks of the intermediate's size must not receive
+  // the graph's block, or a replay would overwrite it.
+  std::vector<Tensor> others;
+  {
+    cuda::StreamGuard on(stream);
+    for (int i = 0; i < 4; ++i) others.push_back(Tensor::full(shape, 7.0, DType::bf16, gpu));
+  }
+  for (int round = 0; round < 3; ++round) {
+    const Tensor fresh = random_tensor(shape);
+    {
+      cuda::StreamGuard on(stream);
+      input.copy_(fresh);
+    }
+    graph.replay();
+    stream.synchronize();
+    const std::vector<double> want = fresh.to(DType::bf16).to_vector<double>();
+    EXPECT_EQ(output.to_vector<double>(), want) << "replay " << round;
+  }
+  for (const Tensor& t : others) {
+    const std::vector<float> values = t.to_vector<float>();
+    EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 7.0f; }));
+  }
+  EXPECT_THROW(cuda::Graph::capture(cuda::Stream::default_stream(0), pool, [] {}), ValueError);
+  EXPECT_THROW(cuda::Graph().replay(), ValueError);
+  EXPECT_THROW(cuda::Graph::capture(stream, pool, [] { throw ValueError("test", "thrown in capture"); }), ValueError);
+  graph = cuda::Graph();
+  cuda::release_graph_pool(0, pool);
+  EXPECT_GT(cuda::memory_info(0).total, 0u);
 }
 
 TEST_F(CudaRuntimeTest, KernelsReportBadIdsAtTheNextSynchronization) {

@@ -131,5 +131,34 @@ TEST(Transformer, KvCacheDecodingMatchesOneFullForward) {
   }
 }
 
+TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {
+  for (bool qwen3_style : {false, true}) {
+    TransformerLM model(small_config(qwen3_style), 21);
+    const Tensor ids = random_ids(2, 7, 11, 22);
+    autograd::NoGradGuard no_grad;
+    const Tensor expected = model.forward(ids, ForwardContext()).value();
+    std::vector<std::pair<std::string, std::vector<float>>> before;
+    for (const ParameterInfo& p : model.named_parameters()) before.emplace_back(p.name, p.variable->value().to_vector<float>());
+    model.fuse_projections();
+    const auto after = model.named_parameters();
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_EQ(after[i].name, before[i].first);
+      EXPECT_EQ(after[i].variable->value().to_vector<float>(), before[i].second) << after[i].name;
+    }
+    // q/k/v (and their biases) and gate/up now share one buffer each.
+    const auto find = [&](const std::string& name) -> const Tensor& {
+      for (const ParameterInfo& p : after) {
+        if (p.name == name) return p.variable->value();
+      }
+      throw std::runtime_error("no parameter " + name);
+    };
+    EXPECT_TRUE(find("model.layers.1.self_attn.q_proj.weight").shares_storage_with(find("model.layers.1.self_attn.v_proj.weight")));
+    EXPECT_TRUE(find("model.layers.0.mlp.gate_proj.weight").shares_storage_with(find("model.layers.0.mlp.up_proj.weight")));
+    EXPECT_LE(testing::relative_error(model.forward(ids, ForwardContext()).value(), expected), 1e-6)
+        << (qwen3_style ? "qwen3" : "qwen2");
+  }
+}
+
 }  // namespace
 }  // namespace microllm::nn

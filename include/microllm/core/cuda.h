@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace microllm::cuda {
@@ -20,6 +21,11 @@ struct DeviceProperties {
 };
 DeviceProperties device_properties(int device);
 void synchronize(int device);
+// What the driver reports now: memory not held by any process or allocator cache, and the total.
+struct MemoryInfo {
+  size_t free = 0, total = 0;
+};
+MemoryInfo memory_info(int device);
 
 // A CUDA stream on one device. The default stream of each device is the legacy default stream;
 // create() makes an owned, non-blocking stream.
@@ -87,6 +93,42 @@ AllocatorStats allocator_stats(int device);
 void reset_peak_allocated(int device);
 // Returns every cached (free) block to the driver.
 void empty_cache(int device);
+
+// CUDA graphs: the kernels a piece of host code launches, recorded once and replayed with one launch (no
+// per-kernel launch cost, no host work per op). A replay repeats the recorded kernels with the recorded
+// arguments: the same addresses, shapes and host scalars. What changes between replays (token ids, positions,
+// lengths) must therefore live in device buffers that the host rewrites before each replay.
+//
+// Memory: allocations made during a capture come from a private graph pool (create_graph_pool), so the
+// addresses a graph uses are never handed to other work; several graphs that replay on one stream, one at a
+// time, may share a pool. release_graph_pool returns a pool's free blocks to the driver once its graphs and
+// the tensors they wrote are gone.
+uint64_t create_graph_pool();
+void release_graph_pool(int device, uint64_t pool);
+
+class Graph {
+ public:
+  Graph() = default;
+  // Runs `work` with `stream` as the current stream of its device, recording instead of executing (so
+  // `work` must launch only on that stream and must not synchronize or copy to the host). `stream` must be
+  // a created stream, not the legacy default stream. Nothing has run when capture returns.
+  static Graph capture(const Stream& stream, uint64_t pool, const std::function<void()>& work);
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  bool empty() const { return exec_ == nullptr; }
+  // Launches the recorded kernels on the stream they were captured on.
+  void replay() const;
+  const Stream& stream() const { return stream_; }
+
+ private:
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+  Stream stream_;
+};
 
 // Bytes moved between host and devices through microLLM, for tests that prove an op moved none.
 struct TransferStats {

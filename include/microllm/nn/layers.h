@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "microllm/backend/kernel_params.h"
 #include "microllm/core/random.h"
@@ -14,6 +15,7 @@
 namespace microllm::nn {
 
 class KvCache;
+struct PagedBatch;
 
 // What every forward needs besides its input.
 struct ForwardContext {
@@ -21,6 +23,8 @@ struct ForwardContext {
   DType compute_dtype = DType::f32;  // parameters are cast to it: f32 masters with bf16 compute in mixed precision
   KvCache* cache = nullptr;          // inference: the keys and values of earlier tokens (no_grad only)
   Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
+  const PagedBatch* paged = nullptr;  // inference over a paged KV cache (nn/paged_kv_cache.h), instead of cache
+  bool last_logits_only = false;      // TransformerLM::forward returns each sequence's last logits: [B, 1, vocab]
 };
 
 // Where new parameters get their values: weights Normal(0, std) from a seeded generator (training from
@@ -45,10 +49,27 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   Variable& weight() { return *weight_; }
+  Variable* bias() const { return bias_; }  // null without one
 
  private:
   Variable* weight_;
   Variable* bias_ = nullptr;
+};
+
+// Projections that read the same input, fused for inference: their weights (and biases) are moved into one
+// buffer, each parameter becoming a view of its rows (the Hugging Face names and the training path are
+// unchanged), so a no-grad forward makes one GEMM instead of several. fuse() is undone by anything that
+// replaces a parameter's tensor (to(dtype), to(device), loading): then the projections run apart again.
+class FusedProjections {
+ public:
+  FusedProjections() = default;
+  explicit FusedProjections(std::vector<Linear*> parts) : parts_(std::move(parts)) {}
+  void fuse();
+  // x [.., in] -> [.., sum of out] when the parts are fused (and ctx's dtype is theirs), else undefined.
+  Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
+
+ private:
+  std::vector<Linear*> parts_;
 };
 
 class Embedding : public Module {
@@ -87,11 +108,16 @@ class Attention : public Module {
   Attention(const AttentionConfig& config, int layer_index, Initializer& init);
   // x [B, T, hidden] -> [B, T, hidden]
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  // Inference: q/k/v in one GEMM (see FusedProjections).
+  void fuse_projections() { qkv_.fuse(); }
 
  private:
+  Tensor paged_attention(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
+
   AttentionConfig config_;
   int layer_index_;
   Linear *q_proj_, *k_proj_, *v_proj_, *o_proj_;
+  FusedProjections qkv_;
   RMSNorm *q_norm_ = nullptr, *k_norm_ = nullptr;
 };
 
@@ -99,9 +125,11 @@ class Mlp : public Module {
  public:
   Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
+  void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up in one GEMM
 
  private:
   Linear *gate_proj_, *up_proj_, *down_proj_;
+  FusedProjections gate_up_;
 };
 
 class DecoderLayer : public Module {
@@ -110,6 +138,10 @@ class DecoderLayer : public Module {
   // Pre-norm residual block: h = x + attn(norm1(x)); out = h + mlp(norm2(h)), with the second
   // residual add fused into norm2.
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  void fuse_projections() {
+    self_attn_->fuse_projections();
+    mlp_->fuse_projections();
+  }
 
  private:
   RMSNorm *input_layernorm_, *post_attention_layernorm_;

@@ -65,6 +65,10 @@ class TransformerLM : public Module {
 
   // ids [B, T] (i32/i64) -> logits [B, T, vocab] in the compute dtype.
   Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
+  // Inference: each layer's q/k/v and gate/up projections computed as one GEMM each (nn::FusedProjections;
+  // the weights move into shared buffers, names and values unchanged). Call after loading and after
+  // to(dtype)/to(device), which undo it.
+  void fuse_projections();
   // Mean next-token cross-entropy of forward(ids) against targets [B, T] (-100 ignored).
   Variable loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx) const;
 

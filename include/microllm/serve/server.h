@@ -11,9 +11,11 @@
 // server-sent events ending with `data: [DONE]`), GET /health, GET /metrics (Prometheus text). Errors are
 // OpenAI error objects {"error": {"message", "type", "param", "code"}} with a 4xx/5xx status.
 //
-// One scheduler thread owns the model and serves a queue of requests: greedy requests waiting together run
-// as one batch (generate::generate_batch, up to max_batch), sampled ones run alone (so a seed gives the same
-// text whatever else is queued). A streaming client that disconnects stops its generation at the next token.
+// One scheduler thread runs a generate::Engine (continuous batching over a paged KV cache): requests join
+// the running batch as soon as a row and KV blocks are free and leave it when they finish, each with its own
+// sampling parameters and seed (a seed gives the same text whatever else runs). A request whose prompt and
+// max_tokens need more KV blocks than the cache has gets a 400. A streaming client that disconnects frees its
+// row and blocks at the engine's next step.
 // The HTTP library is private to the implementation: this header needs only the standard library.
 #pragma once
 
@@ -31,7 +33,8 @@ struct ServerOptions {
   int port = 8080;                  // 0: an ephemeral port
   std::string device = "cpu";       // cpu, cuda, cuda:N
   std::string dtype = "f32";        // weights and compute: f32 or bf16
-  int max_batch = 8;                // greedy requests decoded together at most
+  int max_batch = 8;                // sequences decoded together at most (the engine's rows)
+  int64_t kv_blocks = 0;            // KV cache blocks of 16 tokens; 0: the engine's default (EngineOptions)
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   std::string api_key;              // non-empty: /v1/* need "Authorization: Bearer <api_key>"
   int64_t default_max_tokens = 256; // chat completions without max_tokens (completions default to 16, as OpenAI)

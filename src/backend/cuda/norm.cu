@@ -10,6 +10,7 @@
 // a private [n] slice (shared memory, or global for very long rows); a second kernel adds the slices in
 // a fixed order, so grad_weight is the same on every run, with no atomics.
 #include <cmath>
+#include <cstdlib>
 
 #include "common.cuh"
 #include "cuda_backend.h"
@@ -96,31 +97,59 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
   store_group<T, V>(args.out + row * args.n, p, y);
 }
 
-// TPR threads per row (32: a warp, 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
+// The sum of v over the TPR threads of each row group (TPR a multiple of 32 dividing the block). Every thread
+// of the block must call it (it may hold a barrier); `scratch` holds a value per warp.
+template <typename A, int TPR>
+__device__ __forceinline__ A row_sum(A v, A* scratch) {
+  v = warp_sum(v);
+  if constexpr (TPR == 32) {
+    return v;
+  } else {
+    constexpr int kWarpsPerRow = TPR / 32;
+    const int warp = static_cast<int>(threadIdx.x / 32);
+    __syncthreads();  // the previous row's readers are done with scratch
+    if (threadIdx.x % 32 == 0) scratch[warp] = v;
+    __syncthreads();
+    const int first = warp / kWarpsPerRow * kWarpsPerRow;
+    A total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerRow; ++w) total += scratch[first + w];  // the same order in every thread
+    return total;
+  }
+}
+
+// TPR threads per row (32: a warp, up to 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
 // its row in registers, as raw T packs (h is x, or round(x + residual): a value of T either way, so
 // keeping T instead of f32 is exact and halves the registers of bf16 rows, which lets a warp own rows of
 // up to 16 packs per lane without block barriers). Needs 0 < n / V <= P * TPR.
 template <typename T, int V, int P, int TPR>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArgs<T> args) {
   using A = acc_t<T>;
-  static_assert(TPR == 32 || TPR == kNormThreads, "a row is a warp or the block");
+  static_assert(TPR % 32 == 0 && kNormThreads % TPR == 0, "a row is a whole number of warps of the block");
   constexpr int kRowsPerBlock = kNormThreads / TPR;
   __shared__ A scratch[32];
   const int lane = threadIdx.x % TPR;
   const int64_t groups = args.n / V;
-  // Uniform per row group: every thread of a warp (TPR 32) or of the block (TPR 256) runs the same rows.
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / TPR; row < args.n_rows;
-       row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    int64_t off[2];
-    args.rows.offsets(row, off);
-    const T* x_row = args.x + off[0];
-    const T* r_row = args.residual ? args.residual + off[1] : nullptr;
+  // The loop is uniform across the block (row_sum may hold a barrier); a row group past the end computes
+  // nothing and writes nothing.
+  for (int64_t first = blockIdx.x * static_cast<int64_t>(kRowsPerBlock); first < args.n_rows;
+       first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = first + threadIdx.x / TPR;
+    const bool active = row < args.n_rows;
+    const T* x_row = nullptr;
+    const T* r_row = nullptr;
+    if (active) {
+      int64_t off[2];
+      args.rows.offsets(row, off);
+      x_row = args.x + off[0];
+      r_row = args.residual ? args.residual + off[1] : nullptr;
+    }
     Pack<V, T> h[P];
     A sum_sq = 0;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
-      if (p < groups) {
+      if (active && p < groups) {
         A values[V];
         load_h<T, V>(args, x_row, r_row, p, values);
 #pragma unroll
@@ -131,11 +160,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
         if (args.h_out) reinterpret_cast<Pack<V, T>*>(args.h_out + row * args.n)[p] = h[q];
       }
     }
-    A total;
-    if constexpr (TPR == 32)
-      total = warp_sum(sum_sq);
-    else
-      total = block_sum(sum_sq, scratch);
+    const A total = row_sum<A, TPR>(sum_sq, scratch);
+    if (!active) continue;
     const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
     if (lane == 0) args.rstd[row] = rstd;
 #pragma unroll
@@ -321,9 +347,21 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream) {
     if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream);
     if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream);
     if (groups <= 256) return launch_cached<T, V, 8, 32>(args, stream);
-    if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream);
-    if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream);
-    if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream);
+    // Rows of 257..2048 packs: TPR threads per row, several rows per block. MICROLLM_RMS_NORM_TPR (64, 128,
+    // 256) overrides the choice, for measuring the variants (benchmarks/cuda_ops_bench).
+    static const int tpr_override = [] {
+      const char* env = std::getenv("MICROLLM_RMS_NORM_TPR");
+      return env ? std::atoi(env) : 0;
+    }();
+    const int tpr = tpr_override ? tpr_override : 256;
+    if (groups <= 2048) {
+      if (tpr == 64 && groups <= 512) return launch_cached<T, V, 8, 64>(args, stream);
+      if (tpr == 128 && groups <= 512) return launch_cached<T, V, 4, 128>(args, stream);
+      if (tpr == 128 && groups <= 1024) return launch_cached<T, V, 8, 128>(args, stream);
+      if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream);
+      if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream);
+      return launch_cached<T, V, 8, 256>(args, stream);
+    }
     rms_norm_two_pass<T, V><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
   } else {
     rms_norm_two_pass<T, 1><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);

@@ -1,7 +1,14 @@
 // The CUDA caching allocator. cudaMalloc/cudaFree are slow and synchronize the device, so freed blocks
 // are kept and handed out again. A block is reused only on the stream it was last allocated for: work
 // on one stream runs in order, so the next user cannot start before the previous user finished.
+//
+// CUDA graphs: while a thread captures a graph into a private pool (GraphPoolScope), its allocations come
+// from that pool and its blocks go back to it when freed, whenever that happens. A graph replays the
+// addresses it recorded, so they must never be handed to other work between replays: blocks of a private
+// pool are only ever reused by later captures into the same pool, and go back to the driver only with
+// release_graph_pool().
 #include <array>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +20,9 @@
 
 namespace microllm::detail {
 namespace {
+
+// The private graph pool this thread allocates from (0: the shared pool).
+thread_local uint64_t t_graph_pool = 0;
 
 constexpr size_t kSmallLimit = size_t{1} << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
@@ -30,17 +40,17 @@ class CachingAllocator final : public Allocator {
   void* allocate(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
     const size_t size = block_size_for(nbytes);
-    const cudaStream_t stream = current_cuda_stream(device_);
+    const PoolKey pool{current_cuda_stream(device_), t_graph_pool};
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.requests;
-    auto [ptr, block_size] = take_cached(stream, size);
+    auto [ptr, block_size] = take_cached(pool, size);
     if (ptr) {
       ++stats_.cache_hits;
     } else {
       ptr = malloc_from_driver(size);
       block_size = size;
     }
-    active_[ptr] = Block{block_size, stream};
+    active_[ptr] = Block{block_size, pool};
     stats_.allocated_bytes += block_size;
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     return ptr;
@@ -52,7 +62,7 @@ class CachingAllocator final : public Allocator {
     const auto it = active_.find(ptr);
     if (it == active_.end()) return;  // not ours: never happens through Storage
     stats_.allocated_bytes -= it->second.size;
-    free_[it->second.stream].emplace(it->second.size, ptr);
+    free_[it->second.pool].emplace(it->second.size, ptr);
     active_.erase(it);
   }
 
@@ -71,16 +81,21 @@ class CachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     release_cached();
   }
+  void release_graph_pool(uint64_t graph_pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    release_cached(graph_pool);
+  }
 
  private:
+  using PoolKey = std::pair<cudaStream_t, uint64_t>;  // stream, graph pool (0: shared)
   struct Block {
     size_t size;
-    cudaStream_t stream;
+    PoolKey pool;
   };
 
-  // A free block of this stream (and its size) that fits without wasting more than a quarter of it.
-  std::pair<void*, size_t> take_cached(cudaStream_t stream, size_t size) {
-    auto pool = free_.find(stream);
+  // A free block of this pool (and its size) that fits without wasting more than a quarter of it.
+  std::pair<void*, size_t> take_cached(const PoolKey& key, size_t size) {
+    auto pool = free_.find(key);
     if (pool == free_.end()) return {nullptr, 0};
     const auto it = pool->second.lower_bound(size);
     if (it == pool->second.end() || it->first > size + size / 4) return {nullptr, 0};
@@ -95,7 +110,7 @@ class CachingAllocator final : public Allocator {
     cudaError_t status = cudaMalloc(&ptr, size);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      release_cached();  // give the cache back to the driver and try once more
+      release_cached();  // give the shared cache back to the driver and try once more
       status = cudaMalloc(&ptr, size);
     }
     if (status != cudaSuccess) {
@@ -110,9 +125,11 @@ class CachingAllocator final : public Allocator {
     return ptr;
   }
 
-  void release_cached() {
+  // Returns the free blocks of one graph pool (0: of the shared pools, the graphs' stay) to the driver.
+  void release_cached(uint64_t graph_pool = 0) {
     CudaDeviceGuard guard(device_);
-    for (auto& [stream, pool] : free_) {
+    for (auto& [key, pool] : free_) {
+      if (key.second != graph_pool) continue;
       for (auto& [size, ptr] : pool) {
         MICROLLM_CUDA_CHECK(cudaFree(ptr));  // cudaFree waits for work that may still use the block
         ++stats_.backend_frees;
@@ -125,7 +142,7 @@ class CachingAllocator final : public Allocator {
   int device_;
   std::mutex mutex_;
   std::unordered_map<void*, Block> active_;
-  std::unordered_map<cudaStream_t, std::multimap<size_t, void*>> free_;
+  std::map<PoolKey, std::multimap<size_t, void*>> free_;
   cuda::AllocatorStats stats_;
 };
 
@@ -147,6 +164,9 @@ CachingAllocator& allocator_of(int device) {
 
 Allocator& cuda_allocator(int device) { return allocator_of(device); }
 
+GraphPoolScope::GraphPoolScope(uint64_t pool) : previous_(t_graph_pool) { t_graph_pool = pool; }
+GraphPoolScope::~GraphPoolScope() { t_graph_pool = previous_; }
+
 void cuda_fill_bytes(void* dst, int device, int byte, size_t nbytes) {
   CudaDeviceGuard guard(device);
   MICROLLM_CUDA_CHECK(cudaMemsetAsync(dst, byte, nbytes, current_cuda_stream(device)));
@@ -159,5 +179,11 @@ namespace microllm::cuda {
 AllocatorStats allocator_stats(int device) { return detail::allocator_of(device).stats(); }
 void reset_peak_allocated(int device) { detail::allocator_of(device).reset_peak(); }
 void empty_cache(int device) { detail::allocator_of(device).empty_cache(); }
+
+uint64_t create_graph_pool() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+void release_graph_pool(int device, uint64_t pool) { detail::allocator_of(device).release_graph_pool(pool); }
 
 }  // namespace microllm::cuda

@@ -1,6 +1,8 @@
 // Devices, streams and events.
 #include <array>
+#include <utility>
 
+#include "../device_runtime.h"
 #include "cuda_check.h"
 #include "device_errors.h"
 #include "microllm/core/cuda.h"
@@ -50,6 +52,14 @@ DeviceProperties device_properties(int device) {
   out.l2_cache_bytes = static_cast<size_t>(prop.l2CacheSize);
   out.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
   out.memory_bus_width_bits = prop.memoryBusWidth;
+  return out;
+}
+
+MemoryInfo memory_info(int device) {
+  detail::check_device(device);
+  detail::CudaDeviceGuard guard(device);
+  MemoryInfo out;
+  MICROLLM_CUDA_CHECK(cudaMemGetInfo(&out.free, &out.total));
   return out;
 }
 
@@ -126,6 +136,63 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
   MICROLLM_CUDA_CHECK(
       cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.handle_), static_cast<cudaEvent_t>(end.handle_)));
   return ms;
+}
+
+Graph Graph::capture(const Stream& stream, uint64_t pool, const std::function<void()>& work) {
+  MICROLLM_CHECK(stream.handle() != nullptr, ValueError, "cuda graph",
+                 "capture needs a created stream (Stream::create), not the legacy default stream");
+  MICROLLM_CHECK(pool != 0, ValueError, "cuda graph", "capture needs a pool from create_graph_pool()");
+  detail::CudaDeviceGuard device(stream.device());
+  const auto handle = static_cast<cudaStream_t>(stream.handle());
+  Graph out;
+  out.stream_ = stream;
+  {
+    StreamGuard current(stream);
+    detail::GraphPoolScope memory(pool);
+    // Relaxed: the allocator may still call cudaMalloc for a block the pool lacks (not a stream operation,
+    // so it is safe here; the other modes forbid it).
+    MICROLLM_CUDA_CHECK(cudaStreamBeginCapture(handle, cudaStreamCaptureModeRelaxed));
+    try {
+      work();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(handle, &broken);  // leave the stream usable; the error that matters is work's
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t graph = nullptr;
+    MICROLLM_CUDA_CHECK(cudaStreamEndCapture(handle, &graph));
+    out.graph_ = graph;
+  }
+  cudaGraphExec_t exec = nullptr;
+  MICROLLM_CUDA_CHECK(cudaGraphInstantiate(&exec, static_cast<cudaGraph_t>(out.graph_), 0));
+  out.exec_ = exec;
+  return out;
+}
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_), stream_(other.stream_) {
+  other.graph_ = other.exec_ = nullptr;
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    std::swap(graph_, other.graph_);
+    std::swap(exec_, other.exec_);
+    std::swap(stream_, other.stream_);
+  }
+  return *this;
+}
+
+void Graph::replay() const {
+  MICROLLM_CHECK(exec_ != nullptr, ValueError, "cuda graph", "replay of an empty graph (nothing was captured)");
+  detail::CudaDeviceGuard device(stream_.device());
+  MICROLLM_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream_.handle())));
 }
 
 }  // namespace cuda

@@ -1,0 +1,87 @@
+// The serving engine: continuous batching over a paged KV cache.
+//
+// Requests arrive (submit, from any thread) and leave (finish or cancel) at any time, each with its own
+// sampling parameters, token budget and stop ids. Every step() does, on the engine's thread:
+//   1. admission: waiting requests get a batch row and the KV blocks for prompt + max_new_tokens, in arrival
+//      order, while rows and blocks are free (a request that could never fit is refused by submit);
+//   2. one prefill chunk (at most prefill_chunk tokens) of the oldest request still prefilling, so a long
+//      prompt never stalls the sequences already decoding for more than one chunk;
+//   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
+//      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
+//      context bucket), so a step costs one upload of the step's ids/positions/slots, one graph launch and one
+//      download of the chosen ids.
+// Batching changes no result: each sequence attends only to its own blocks, and with greedy sampling a
+// request gets the tokens it gets alone.
+//
+//   Engine engine(model, {.max_batch = 8, .dtype = DType::bf16});
+//   engine.submit({.prompt = ids, .max_new_tokens = 64, .on_token = [](int32_t t) { ...; return true; }});
+//   engine.run_until_idle();
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "microllm/generate/generate.h"
+#include "microllm/nn/transformer.h"
+
+namespace microllm::generate {
+
+struct EngineOptions {
+  int64_t max_batch = 32;      // sequences in the decode batch at once (rows)
+  int64_t block_size = 16;     // tokens per KV block
+  int64_t kv_blocks = 0;       // blocks in the pool; 0: kv_memory_fraction of the free device memory (CUDA) or
+                               // 1 GiB (CPU), at most max_batch full windows
+  double kv_memory_fraction = 0.5;
+  int64_t prefill_chunk = 512;  // prompt tokens per prefill step
+  bool cuda_graphs = true;      // replay decode steps from CUDA graphs (CUDA only)
+  DType dtype = DType::f32;     // compute and KV cache dtype
+};
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // not empty, shorter than the model's window
+  int64_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int64_t> stop_ids;
+  // Called on the engine's thread with each new token (a stop id that ends it included); false cancels.
+  std::function<bool(int32_t token)> on_token;
+  // Called once on the engine's thread when the request ends, with all its tokens.
+  std::function<void(const Generation& result)> on_finish;
+};
+
+struct EngineStats {
+  int64_t waiting = 0, prefilling = 0, decoding = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, block_size = 0;
+  uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
+class Engine {
+ public:
+  Engine(const nn::TransformerLM& model, EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request and returns its id. Thread-safe. ValueError when it can never run: an empty prompt,
+  // an id outside the vocabulary, a prompt that fills the window, or more KV blocks than the pool has.
+  uint64_t submit(EngineRequest request);
+  // Ends a request at its next step (finish reason callback). Thread-safe; unknown or finished ids are ignored.
+  void cancel(uint64_t id);
+  // One scheduling step (see above). Returns false when there was nothing to do.
+  bool step();
+  void run_until_idle();
+  bool idle() const;
+
+  EngineStats stats() const;
+  const EngineOptions& options() const;
+  // The longest prompt + max_new_tokens one request can reserve.
+  int64_t max_request_tokens() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace microllm::generate

@@ -1,0 +1,486 @@
+#include "microllm/generate/engine.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "microllm/autograd/variable.h"
+#include "microllm/core/cuda.h"
+#include "microllm/nn/paged_kv_cache.h"
+#include "microllm/ops/sampling.h"
+
+namespace microllm::generate {
+namespace {
+
+// Decode graphs are captured for these row counts (the smallest that covers the highest busy row) and for
+// power-of-two context bounds from kMinContextBucket up to the window: the split-K grid of the paged
+// attention is sized from the bound, so short contexts do not pay for launching the window's worth of splits.
+constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+constexpr int64_t kMinContextBucket = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows of the step buffer (i32 [kStepRows, max_batch]), uploaded with one copy per decode step.
+enum StepRow : int64_t { kIds, kRopePositions, kAttentionPositions, kSlots, kStepRows };
+
+struct Sequence {
+  uint64_t id = 0;
+  EngineRequest request;
+  int64_t row = -1;             // batch row: block table row, sampler row, decode row
+  std::vector<int32_t> blocks;  // reserved at admission for prompt + max_new_tokens
+  int64_t cached = 0;           // tokens whose k/v are in the cache
+  int32_t next_token = -1;      // the token the next decode step feeds (the prompt's last, then each sampled
+                                // one); -1 while the prompt is prefilled
+  Generation result;
+  bool cancelled = false;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  const nn::TransformerLM& model;
+  const nn::TransformerConfig& config;
+  EngineOptions options;
+  Device device;
+  int64_t max_blocks_per_sequence = 0;  // the window in blocks
+  std::unique_ptr<nn::PagedKvCache> cache;
+
+  // Device state, allocated once (graphs replay these addresses).
+  Tensor block_tables;  // i32 [max_batch, max_blocks_per_sequence]
+  Tensor step_inputs;   // i32 [kStepRows, max_batch]
+  Tensor row_ids;       // i32 [max_batch]: 0, 1, 2, ... (decode row r reads block table row r)
+  SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
+  Tensor tokens;        // i32 [max_batch]: the ids sampled by the last step
+
+  std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
+  uint64_t graph_pool = 0;
+  std::map<std::pair<int64_t, int64_t>, cuda::Graph> graphs;  // (rows, context bound) -> decode step
+
+  // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
+  // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
+  mutable std::mutex mutex;
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::set<uint64_t> cancelled;
+  uint64_t next_id = 1;
+  EngineStats counters;
+  std::vector<int32_t> free_blocks;
+  std::deque<std::unique_ptr<Sequence>> running;  // admission order; the front prefills first
+
+  // Engine thread only.
+  std::vector<Sequence*> rows;  // max_batch entries, null = free
+
+  Impl(const nn::TransformerLM& m, EngineOptions o) : model(m), config(m.config()), options(o) {
+    MICROLLM_CHECK(options.max_batch >= 1, ValueError, "engine", "max_batch must be >= 1, got ", options.max_batch);
+    MICROLLM_CHECK(options.block_size >= 1, ValueError, "engine", "block_size must be >= 1, got ", options.block_size);
+    MICROLLM_CHECK(options.prefill_chunk >= 1, ValueError, "engine", "prefill_chunk must be >= 1, got ",
+                   options.prefill_chunk);
+    MICROLLM_CHECK(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1, ValueError, "engine",
+                   "kv_memory_fraction must be in (0, 1], got ", options.kv_memory_fraction);
+    device = model.named_parameters().front().variable->device();
+    max_blocks_per_sequence = ceil_div(config.max_position_embeddings, options.block_size);
+    const int64_t blocks = choose_block_count();
+    if (device.is_cuda()) {
+      cuda::synchronize(device.index);  // the weights were written on the default stream
+      stream = cuda::Stream::create(device.index);
+    }
+    auto on_engine_stream = scoped_stream();
+    cache = std::make_unique<nn::PagedKvCache>(config, blocks, options.block_size, options.dtype, device);
+    const int64_t b = options.max_batch;
+    block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
+    step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
+    row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
+    sampler.params = Tensor::zeros({b, 8}, DType::f32, device);
+    sampler.rng = Tensor::zeros({b, 2}, DType::i64, device);
+    sampler.counts = Tensor::zeros({b, config.vocab_size}, DType::i32, device);
+    tokens = Tensor::zeros({b}, DType::i32, device);
+    free_blocks.resize(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < blocks; ++i) free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(blocks - 1 - i);
+    rows.assign(static_cast<size_t>(b), nullptr);
+    counters.kv_blocks_total = blocks;
+    counters.block_size = options.block_size;
+    if (device.is_cuda()) {
+      graph_pool = cuda::create_graph_pool();
+      cuda::synchronize(device.index);
+    }
+  }
+
+  ~Impl() {
+    if (!device.is_cuda()) return;
+    try {
+      cuda::synchronize(device.index);
+      graphs.clear();
+      cuda::release_graph_pool(device.index, graph_pool);
+    } catch (...) {  // a destructor must not throw; the memory stays cached
+    }
+  }
+
+  int64_t choose_block_count() const {
+    const size_t per_block = nn::PagedKvCache::block_bytes(config, options.block_size, options.dtype);
+    const int64_t most = options.max_batch * max_blocks_per_sequence;  // every row a full window
+    if (options.kv_blocks > 0) return options.kv_blocks;
+    if (!device.is_cuda()) {  // host pages are committed when first written, but stay modest anyway
+      constexpr double kHostBudget = 1024.0 * 1024 * 1024;
+      return std::clamp<int64_t>(static_cast<int64_t>(kHostBudget / static_cast<double>(per_block)), 1, most);
+    }
+    const double budget = options.kv_memory_fraction * static_cast<double>(cuda::memory_info(device.index).free);
+    const auto fit = static_cast<int64_t>(budget / static_cast<double>(per_block));
+    MICROLLM_CHECK(fit >= 1, OutOfMemoryError, "engine", "no room for one KV block of ", per_block, " bytes in ",
+                   options.kv_memory_fraction, " of the free memory of ", device.str());
+    return std::min(fit, most);
+  }
+
+  std::optional<cuda::StreamGuard> scoped_stream() const {
+    if (!stream) return std::nullopt;
+    return std::optional<cuda::StreamGuard>(std::in_place, *stream);
+  }
+
+  int64_t tokens_to_reserve(const EngineRequest& r) const {
+    return std::min(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens, config.max_position_embeddings);
+  }
+
+  void check_request(const EngineRequest& r) const {
+    MICROLLM_CHECK(!r.prompt.empty(), ValueError, "engine", "the prompt is empty");
+    MICROLLM_CHECK(r.max_new_tokens >= 1, ValueError, "engine", "max_new_tokens must be >= 1, got ", r.max_new_tokens);
+    for (int32_t id : r.prompt) {
+      MICROLLM_CHECK(id >= 0 && id < config.vocab_size, ValueError, "engine", "prompt id ", id,
+                     " is outside the vocabulary of ", config.vocab_size);
+    }
+    const auto prompt = static_cast<int64_t>(r.prompt.size());
+    MICROLLM_CHECK(prompt < config.max_position_embeddings, ValueError, "engine", "the prompt has ", prompt,
+                   " tokens; the model's window is ", config.max_position_embeddings);
+    const int64_t blocks = ceil_div(tokens_to_reserve(r), options.block_size);
+    MICROLLM_CHECK(blocks <= cache->num_blocks(), ValueError, "engine", "the prompt (", prompt, " tokens) and ",
+                   r.max_new_tokens, " new tokens need ", blocks, " KV blocks of ", options.block_size,
+                   " tokens; the cache has ", cache->num_blocks(), " in all");
+    Sampler check(r.sampling);  // throws on parameters out of range
+  }
+
+  // ---- admission and finishing (engine thread) ----
+
+  void admit() {
+    for (;;) {
+      std::unique_ptr<Sequence> seq;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (waiting.empty()) return;
+        const auto free_row = std::find(rows.begin(), rows.end(), nullptr);
+        const int64_t need = ceil_div(tokens_to_reserve(waiting.front()->request), options.block_size);
+        if (free_row == rows.end() || need > static_cast<int64_t>(free_blocks.size())) return;
+        seq = std::move(waiting.front());
+        waiting.pop_front();
+        seq->row = free_row - rows.begin();
+        for (int64_t i = 0; i < need; ++i) {
+          seq->blocks.push_back(free_blocks.back());
+          free_blocks.pop_back();
+        }
+        counters.kv_blocks_used += need;
+      }
+      rows[static_cast<size_t>(seq->row)] = seq.get();
+      upload_row_state(*seq);
+      if (seq->request.prompt.size() == 1) seq->next_token = seq->request.prompt[0];
+      std::lock_guard<std::mutex> lock(mutex);
+      counters.prompt_tokens += seq->request.prompt.size();
+      running.push_back(std::move(seq));
+    }
+  }
+
+  // The sequence's block table row and sampler state, written once at admission.
+  void upload_row_state(const Sequence& seq) {
+    const int64_t row = seq.row;
+    std::vector<int32_t> table(static_cast<size_t>(max_blocks_per_sequence), 0);
+    std::copy(seq.blocks.begin(), seq.blocks.end(), table.begin());
+    block_tables.select(0, row).copy_(Tensor::from_vector(table, {max_blocks_per_sequence}));
+    const SamplingParams& p = seq.request.sampling;
+    sampler.params.select(0, row).copy_(Tensor::from_vector(sampler_row_params(p), {8}));
+    sampler.rng.select(0, row).copy_(Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(p.seed), 0}, {2}));
+    const bool penalties = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+    std::vector<int32_t> counts(static_cast<size_t>(config.vocab_size), 0);
+    if (penalties) {
+      for (int32_t id : seq.request.prompt) ++counts[static_cast<size_t>(id)];
+    }
+    sampler.counts.select(0, row).copy_(Tensor::from_vector(counts, {config.vocab_size}));
+  }
+
+  // Ends a sequence: its row and blocks go back, then its callback runs.
+  void finish(Sequence* seq, FinishReason reason) {
+    seq->result.finish_reason = reason;
+    rows[static_cast<size_t>(seq->row)] = nullptr;
+    std::unique_ptr<Sequence> owned;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      const auto it = std::find_if(running.begin(), running.end(), [&](const auto& s) { return s.get() == seq; });
+      owned = std::move(*it);
+      running.erase(it);
+      free_blocks.insert(free_blocks.end(), owned->blocks.rbegin(), owned->blocks.rend());
+      counters.kv_blocks_used -= static_cast<int64_t>(owned->blocks.size());
+      cancelled.erase(owned->id);
+    }
+    if (owned->request.on_finish) owned->request.on_finish(owned->result);
+  }
+
+  // Records a sampled token; returns false when the sequence ended.
+  bool accept(Sequence* seq, int32_t token) {
+    seq->result.tokens.push_back(token);
+    seq->next_token = token;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.generated_tokens;
+    }
+    const auto generated = static_cast<int64_t>(seq->result.tokens.size());
+    const EngineRequest& r = seq->request;
+    std::optional<FinishReason> reason;
+    if (r.on_token && !r.on_token(token)) {
+      reason = FinishReason::callback;
+    } else if (std::find(r.stop_ids.begin(), r.stop_ids.end(), int64_t{token}) != r.stop_ids.end()) {
+      reason = FinishReason::eos;
+    } else if (generated >= r.max_new_tokens) {
+      reason = FinishReason::length;
+    } else if (static_cast<int64_t>(r.prompt.size()) + generated > config.max_position_embeddings) {
+      reason = FinishReason::context;  // no position left to feed it at
+    }
+    if (reason) finish(seq, *reason);
+    return !reason;
+  }
+
+  void apply_cancellations() {
+    std::vector<std::unique_ptr<Sequence>> never_started;
+    std::vector<Sequence*> ended;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (cancelled.empty()) return;
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (cancelled.erase((*it)->id)) {
+          never_started.push_back(std::move(*it));
+          it = waiting.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (const auto& s : running) {
+        if (cancelled.count(s->id)) ended.push_back(s.get());
+      }
+      // Ids that are neither waiting nor running finished already: forget them.
+      std::set<uint64_t> live;
+      for (Sequence* s : ended) live.insert(s->id);
+      cancelled = std::move(live);
+    }
+    for (auto& s : never_started) {
+      s->result.finish_reason = FinishReason::callback;
+      if (s->request.on_finish) s->request.on_finish(s->result);
+    }
+    for (Sequence* s : ended) finish(s, FinishReason::callback);
+  }
+
+  // The counts other threads read (stats, idle), refreshed by the engine thread after each change.
+  void publish_counts() {
+    int64_t prefilling = 0, decoding = 0;
+    for (const auto& s : running) (s->next_token < 0 ? prefilling : decoding) += 1;
+    std::lock_guard<std::mutex> lock(mutex);
+    counters.prefilling = prefilling;
+    counters.decoding = decoding;
+  }
+
+  // ---- the model (engine thread, on the engine's stream) ----
+
+  // Slot of the token at `position` of a sequence.
+  int32_t slot_of(const Sequence& seq, int64_t position) const {
+    const auto block = static_cast<size_t>(position / options.block_size);
+    return static_cast<int32_t>(seq.blocks[block] * options.block_size + position % options.block_size);
+  }
+
+  // One chunk of the front-most prefilling sequence. Prefill covers the prompt but its last token, which
+  // the sequence's first decode step feeds (and samples the first new token from): so sampling happens in
+  // one place, and a one-token prompt needs no prefill at all.
+  bool prefill_step() {
+    Sequence* seq = nullptr;
+    for (const auto& s : running) {
+      if (s->next_token < 0) {
+        seq = s.get();
+        break;
+      }
+    }
+    if (!seq) return false;
+    const int64_t to_prefill = static_cast<int64_t>(seq->request.prompt.size()) - 1;
+    const int64_t start = seq->cached, count = std::min(options.prefill_chunk, to_prefill - start);
+    if (count > 0) {
+      std::vector<int32_t> ids(seq->request.prompt.begin() + start, seq->request.prompt.begin() + start + count);
+      std::vector<int32_t> slots(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) slots[static_cast<size_t>(i)] = slot_of(*seq, start + i);
+      nn::PagedBatch batch;
+      batch.cache = cache.get();
+      batch.slots = Tensor::from_vector(slots, {count}, device);
+      batch.block_tables = block_tables;
+      batch.chunk_start = start;
+      batch.chunk_row = seq->row;
+      nn::ForwardContext ctx;
+      ctx.compute_dtype = options.dtype;
+      ctx.paged = &batch;
+      ctx.last_logits_only = true;  // unused: the cheapest logits there are
+      ctx.positions =
+          Tensor::arange(static_cast<double>(start), static_cast<double>(start + count), 1, DType::i32, device);
+      model.forward(Tensor::from_vector(ids, {1, count}, device), ctx);
+      seq->cached += count;
+    }
+    if (seq->cached == to_prefill) seq->next_token = seq->request.prompt.back();  // ready to decode
+    return count > 0;
+  }
+
+  SamplerRows narrow_rows(int64_t first, int64_t count) const {
+    return SamplerRows{sampler.params.narrow(0, first, count), sampler.rng.narrow(0, first, count),
+                       sampler.counts.narrow(0, first, count)};
+  }
+
+  // The decode forward + sampling over rows [0, rows) with attention bounded by `context`: what a graph
+  // records. Reads step_inputs, block_tables and the sampler state; writes the cache, the sampler state and
+  // tokens[0, rows).
+  void decode_forward(int64_t batch_rows, int64_t context) {
+    nn::PagedBatch batch;
+    batch.cache = cache.get();
+    batch.slots = step_inputs.select(0, kSlots).narrow(0, 0, batch_rows);
+    batch.block_tables = block_tables.narrow(0, 0, batch_rows);
+    batch.seq_ids = row_ids.narrow(0, 0, batch_rows);
+    batch.query_positions = step_inputs.select(0, kAttentionPositions).narrow(0, 0, batch_rows);
+    batch.max_context = context;
+    nn::ForwardContext ctx;
+    ctx.compute_dtype = options.dtype;
+    ctx.paged = &batch;
+    ctx.positions = step_inputs.select(0, kRopePositions).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
+    const Tensor ids = step_inputs.select(0, kIds).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
+    const Tensor logits = model.forward(ids, ctx).value();  // [rows, 1, V]
+    sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows), tokens.narrow(0, 0, batch_rows));
+  }
+
+  bool decode_step() {
+    int64_t highest_row = -1, longest = 0;
+    for (const auto& s : running) {
+      if (s->next_token < 0) continue;  // still prefilling
+      highest_row = std::max(highest_row, s->row);
+      longest = std::max(longest, s->cached + 1);
+    }
+    if (highest_row < 0) return false;
+    int64_t batch_rows = options.max_batch;
+    for (int64_t b : kBatchBuckets) {
+      if (b > highest_row) {
+        batch_rows = std::min(b, options.max_batch);
+        break;
+      }
+    }
+    int64_t context = kMinContextBucket;
+    while (context < longest) context *= 2;
+    context = std::min(context, max_blocks_per_sequence * options.block_size);
+
+    // The step's inputs, one upload: idle rows feed token 0 at rope position 0, attend to nothing (-1) and
+    // write nowhere (-1); their samples are ignored.
+    const auto b = static_cast<size_t>(options.max_batch);
+    std::vector<int32_t> host(kStepRows * b, 0);
+    for (size_t r = 0; r < b; ++r) host[kAttentionPositions * b + r] = host[kSlots * b + r] = -1;
+    for (const auto& s : running) {
+      if (s->next_token < 0) continue;
+      const auto r = static_cast<size_t>(s->row);
+      host[kIds * b + r] = s->next_token;
+      host[kRopePositions * b + r] = host[kAttentionPositions * b + r] = static_cast<int32_t>(s->cached);
+      host[kSlots * b + r] = slot_of(*s, s->cached);
+    }
+    step_inputs.copy_(Tensor::from_vector(host, {kStepRows, options.max_batch}));
+    if (stream && options.cuda_graphs) {
+      auto [it, fresh] = graphs.try_emplace({batch_rows, context});
+      if (fresh) {
+        try {
+          it->second = cuda::Graph::capture(*stream, graph_pool, [&] { decode_forward(batch_rows, context); });
+        } catch (...) {
+          graphs.erase(it);
+          throw;
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        ++counters.graphs_captured;
+      }
+      it->second.replay();
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.graph_replays;
+    } else {
+      decode_forward(batch_rows, context);
+    }
+    const std::vector<int32_t> chosen = tokens.narrow(0, 0, batch_rows).to_vector<int32_t>();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.decode_steps;
+    }
+    std::vector<Sequence*> decoding;
+    for (const auto& s : running) {
+      if (s->next_token >= 0) decoding.push_back(s.get());
+    }
+    for (Sequence* s : decoding) {
+      ++s->cached;  // the fed token's k/v are in the cache now
+      accept(s, chosen[static_cast<size_t>(s->row)]);
+    }
+    return true;
+  }
+
+  static std::vector<float> sampler_row_params(const SamplingParams& p) {
+    return {static_cast<float>(p.temperature),        static_cast<float>(p.top_k),
+            static_cast<float>(p.top_p),              static_cast<float>(p.min_p),
+            static_cast<float>(p.repetition_penalty), static_cast<float>(p.presence_penalty),
+            static_cast<float>(p.frequency_penalty),  0.0f};
+  }
+};
+
+Engine::Engine(const nn::TransformerLM& model, EngineOptions options)
+    : impl_(std::make_unique<Impl>(model, options)) {}
+
+Engine::~Engine() = default;
+
+uint64_t Engine::submit(EngineRequest request) {
+  impl_->check_request(request);
+  auto seq = std::make_unique<Sequence>();
+  seq->request = std::move(request);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  seq->id = impl_->next_id++;
+  const uint64_t id = seq->id;
+  impl_->waiting.push_back(std::move(seq));
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->cancelled.insert(id);
+}
+
+bool Engine::step() {
+  autograd::NoGradGuard no_grad;
+  auto on_engine_stream = impl_->scoped_stream();
+  impl_->apply_cancellations();
+  impl_->admit();
+  const bool prefilled = impl_->prefill_step();
+  const bool decoded = impl_->decode_step();
+  impl_->publish_counts();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (prefilled || decoded) ++impl_->counters.steps;
+  return prefilled || decoded;
+}
+
+void Engine::run_until_idle() {
+  while (!idle()) step();
+}
+
+bool Engine::idle() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->waiting.empty() && impl_->running.empty();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  EngineStats s = impl_->counters;
+  s.waiting = static_cast<int64_t>(impl_->waiting.size());
+  return s;
+}
+
+const EngineOptions& Engine::options() const { return impl_->options; }
+
+int64_t Engine::max_request_tokens() const {
+  return std::min(impl_->cache->num_blocks() * impl_->options.block_size, impl_->config.max_position_embeddings);
+}
+
+}  // namespace microllm::generate

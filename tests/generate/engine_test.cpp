@@ -1,0 +1,234 @@
+// The serving engine (continuous batching over a paged KV cache): every request gets what generate() gives
+// it alone, however requests are batched, chunked, admitted late or bounded by KV blocks; cancellation and
+// finishing give rows and blocks back; requests that can never fit are refused with a clear error. The same
+// bodies run on the CPU and, where there is a GPU, on CUDA with the decode step replayed from CUDA graphs.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "generate_test_model.h"
+#include "microllm/core/cuda.h"
+#include "microllm/generate/engine.h"
+#include "test_support.h"
+
+namespace microllm::generate {
+namespace {
+
+using testing_model::random_prompt;
+using testing_model::tiny_config;
+
+class EngineTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override {
+    if (GetParam().is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    config_ = tiny_config(96);
+    model_ = std::make_unique<nn::TransformerLM>(config_, seed_);
+    model_->to(GetParam());
+  }
+
+  std::vector<int32_t> prompt(size_t length) { return random_prompt(gen_, length, config_.vocab_size); }
+
+  // What generate() gives `r` alone.
+  std::vector<int32_t> alone(const EngineRequest& r) {
+    GenerateOptions o;
+    o.max_new_tokens = r.max_new_tokens;
+    o.sampling = r.sampling;
+    o.stop_ids = r.stop_ids;
+    return generate(*model_, r.prompt, o);
+  }
+
+  static EngineRequest request(std::vector<int32_t> prompt, int64_t max_new_tokens, SamplingParams sampling = greedy()) {
+    EngineRequest r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = max_new_tokens;
+    r.sampling = sampling;
+    return r;
+  }
+  static SamplingParams greedy() {
+    SamplingParams p;
+    p.temperature = 0;
+    return p;
+  }
+
+  // Submits every request (tracking results by id) and runs the engine until idle.
+  std::map<uint64_t, Generation> run(Engine& engine, const std::vector<EngineRequest>& requests) {
+    std::map<uint64_t, Generation> results;
+    for (EngineRequest r : requests) {
+      auto* slot = &results;
+      auto id = std::make_shared<uint64_t>(0);
+      r.on_finish = [slot, id](const Generation& g) { (*slot)[*id] = g; };
+      *id = engine.submit(std::move(r));
+    }
+    engine.run_until_idle();
+    return results;
+  }
+
+  uint64_t seed_ = testing::fresh_seed();
+  Generator gen_{seed_ + 7};
+  nn::TransformerConfig config_;
+  std::unique_ptr<nn::TransformerLM> model_;
+};
+
+TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::vector<EngineRequest> requests;
+  for (size_t length : {5, 1, 23, 9, 40, 3}) requests.push_back(request(prompt(length), 14));
+  EngineOptions options;
+  options.max_batch = 4;      // six requests: two wait for a row
+  options.block_size = 4;
+  options.prefill_chunk = 7;  // prompts of 9, 23 and 40 tokens are prefilled in several chunks
+  Engine engine(*model_, options);
+  const auto results = run(engine, requests);
+  ASSERT_EQ(results.size(), requests.size());
+  size_t i = 0;
+  for (const auto& [id, g] : results) {
+    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
+    EXPECT_EQ(g.finish_reason, FinishReason::length);
+    ++i;
+  }
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv_blocks_used, 0) << "finished requests give their blocks back";
+  EXPECT_EQ(stats.decoding + stats.prefilling + stats.waiting, 0);
+  EXPECT_EQ(stats.generated_tokens, 6u * 14u);
+  EXPECT_EQ(stats.prompt_tokens, 5u + 1 + 23 + 9 + 40 + 3);
+  if (GetParam().is_cuda()) {
+    EXPECT_GT(stats.graph_replays, 0u);
+    EXPECT_GT(stats.graphs_captured, 0u);
+  }
+}
+
+TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 5; ++i) {
+    SamplingParams p;
+    p.temperature = 0.8 + 0.1 * i;
+    p.top_k = i == 1 ? 10 : 0;
+    p.top_p = i == 2 ? 0.9 : 1.0;
+    p.min_p = i == 3 ? 0.05 : 0.0;
+    p.repetition_penalty = i == 4 ? 1.3 : 1.0;
+    p.frequency_penalty = i == 4 ? 0.2 : 0.0;
+    p.seed = seed_ + static_cast<uint64_t>(i);
+    requests.push_back(request(prompt(3 + 4 * static_cast<size_t>(i)), 12, p));
+  }
+  EngineOptions options;
+  options.max_batch = 8;
+  options.block_size = 8;
+  Engine engine(*model_, options);
+  const auto results = run(engine, requests);
+  size_t i = 0;
+  for (const auto& [id, g] : results) {
+    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
+    ++i;
+  }
+}
+
+TEST_P(EngineTest, LateArrivalsJoinRunningDecodesWithoutChangingThem) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  EngineOptions options;
+  options.max_batch = 3;
+  options.block_size = 4;
+  options.prefill_chunk = 5;
+  Engine engine(*model_, options);
+  std::vector<EngineRequest> requests{request(prompt(6), 20), request(prompt(17), 9), request(prompt(2), 15),
+                                      request(prompt(30), 6)};
+  std::vector<Generation> results(requests.size());
+  std::vector<std::vector<int32_t>> streamed(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EngineRequest r = requests[i];
+    r.on_token = [&streamed, i](int32_t t) {
+      streamed[i].push_back(t);
+      return true;
+    };
+    r.on_finish = [&results, i](const Generation& g) { results[i] = g; };
+    engine.submit(std::move(r));
+    for (int s = 0; s < 3; ++s) engine.step();  // the earlier ones are mid-decode when the next arrives
+  }
+  engine.run_until_idle();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(results[i].tokens, alone(requests[i])) << "request " << i;
+    EXPECT_EQ(streamed[i], results[i].tokens) << "request " << i << ": on_token saw every token once, in order";
+  }
+}
+
+TEST_P(EngineTest, StopIdsCancellationAndCallbacksEndRequestsAndFreeTheirBlocks) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4});
+  // A stop id: the first token this request would produce greedily after two tokens.
+  EngineRequest stop = request(prompt(7), 30);
+  const std::vector<int32_t> free_run = alone(stop);
+  stop.stop_ids = {free_run[2]};
+  const auto first_stop = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
+  Generation stopped, cancelled, refused_by_callback;
+  stop.on_finish = [&](const Generation& g) { stopped = g; };
+  engine.submit(stop);
+  EngineRequest cancel_me = request(prompt(5), 30);
+  cancel_me.on_finish = [&](const Generation& g) { cancelled = g; };
+  const uint64_t cancel_id = engine.submit(cancel_me);
+  EngineRequest callback = request(prompt(4), 30);
+  int seen = 0;
+  callback.on_token = [&](int32_t) { return ++seen < 3; };
+  callback.on_finish = [&](const Generation& g) { refused_by_callback = g; };
+  engine.submit(callback);
+  for (int s = 0; s < 4; ++s) engine.step();
+  engine.cancel(cancel_id);
+  engine.run_until_idle();
+  EXPECT_EQ(stopped.finish_reason, FinishReason::eos);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + first_stop + 1));
+  EXPECT_EQ(cancelled.finish_reason, FinishReason::callback);
+  EXPECT_LT(cancelled.tokens.size(), 30u);
+  EXPECT_EQ(refused_by_callback.finish_reason, FinishReason::callback);
+  EXPECT_EQ(refused_by_callback.tokens.size(), 3u);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  engine.cancel(cancel_id);  // already finished: ignored
+  EXPECT_FALSE(engine.step());
+}
+
+TEST_P(EngineTest, AdmissionIsBoundedByFreeBlocksAndImpossibleRequestsAreRefused) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  EngineOptions options;
+  options.max_batch = 8;
+  options.block_size = 4;
+  options.kv_blocks = 10;  // 40 tokens: one request of 20 + 12 at a time
+  Engine engine(*model_, options);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 3; ++i) requests.push_back(request(prompt(20), 12));
+  int64_t most_blocks = 0;
+  for (EngineRequest& r : requests) r.on_token = [&](int32_t) {
+    most_blocks = std::max(most_blocks, engine.stats().kv_blocks_used);
+    return true;
+  };
+  const auto results = run(engine, requests);
+  EXPECT_EQ(most_blocks, 8) << "only one request's 8 blocks fit at a time";
+  size_t i = 0;
+  for (const auto& [id, g] : results) EXPECT_EQ(g.tokens, alone(requests[i++]));
+
+  try {
+    engine.submit(request(prompt(30), 20));  // 50 tokens: 13 blocks of the 10
+    FAIL() << "a request larger than the whole cache was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("KV blocks"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine.submit(request({}, 4)), ValueError);
+  EXPECT_THROW(engine.submit(request(prompt(96), 4)), ValueError);  // fills the window
+  EXPECT_THROW(engine.submit(request({static_cast<int32_t>(config_.vocab_size)}, 4)), ValueError);
+  EXPECT_TRUE(engine.idle());
+}
+
+TEST_P(EngineTest, ASequenceStopsAtTheWindow) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  Engine engine(*model_, EngineOptions{.max_batch = 2, .block_size = 8});
+  EngineRequest r = request(prompt(90), 50);  // the window is 96: 7 tokens fit (the last one is not fed back)
+  const auto results = run(engine, {r});
+  ASSERT_EQ(results.size(), 1u);
+  const Generation& g = results.begin()->second;
+  EXPECT_EQ(g.finish_reason, FinishReason::context);
+  EXPECT_EQ(g.tokens, alone(r));
+  EXPECT_EQ(g.tokens.size(), 7u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::Values(Device::cpu(), Device::cuda(0)),
+                         [](const auto& info) { return info.param.is_cuda() ? std::string("cuda") : "cpu"; });
+
+}  // namespace
+}  // namespace microllm::generate
