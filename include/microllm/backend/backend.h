@@ -104,6 +104,26 @@ class Backend {
                                   const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                                   const Tensor& grad_v) = 0;
 
+  // ---- paged KV cache (paged_attention.*) ----
+  // One layer's cache: k_pool and v_pool [num_blocks, block_size, Hkv, D]; token slot s is row s % block_size
+  // of block s / block_size. Index tensors are i32 of any strides. Kernels read them on the device only (no
+  // host round trip, so a CUDA graph can replay the launch with new values); CUDA kernels skip out-of-range
+  // slots / blocks / sequences and report them through the device error word, the CPU throws IndexError.
+  // pool[slot[n]] = k[n] / v[n] (k, v [N, Hkv, D], any float dtype, converted); slot < 0 skips row n.
+  virtual void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                              const Tensor& slots) = 0;
+  // q [N, Hq, D] (the pools' dtype); query n attends to keys 0..positions[n] of sequence seq_ids[n], whose
+  // blocks are row seq_ids[n] of block_tables [S, max_blocks]; positions[n] < 0 writes zeros. scale is
+  // resolved (> 0); max_context (>= 1) bounds positions + 1 (CUDA sizes its key split grid from it).
+  // out [N, Hq, D] contiguous, q's dtype.
+  virtual void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                               double scale, int64_t max_context, const Tensor& out) = 0;
+  // out [length, Hkv, D] contiguous = the first `length` token rows of the blocks listed in
+  // block_table_row [max_blocks] (length <= max_blocks * block_size).
+  virtual void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length,
+                            const Tensor& out) = 0;
+
   // ---- loss (loss.*) ----
   // logits [N, V], targets [N] (i32/i64). loss (rank 0; f32, or f64 for f64 logits) = mean over targets
   // != ignore_index of logsumexp(logits[n]) - logits[n, targets[n]]; 0 when every target is ignored.

@@ -48,6 +48,13 @@ class CpuBackend final : public Backend {
                           const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                           const Tensor& grad_v) override;
 
+  void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                      const Tensor& slots) override;
+  void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                       const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                       const Tensor& out) override;
+  void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
+
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;

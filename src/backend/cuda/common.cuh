@@ -61,6 +61,20 @@ decltype(auto) visit_numeric(DType dtype, const char* op, Fn&& fn) {
   }
 }
 
+// ---- vector loads ----
+// Eight consecutive elements (16-byte aligned) as f32: one 16-byte load for f16/bf16, two for f32.
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = to_acc(e[i]);
+}
+
 // ---- launching ----
 // The device and stream a kernel runs on: the output's device, its current stream.
 struct Launch {

@@ -36,6 +36,10 @@ const char* op_of(DeviceErrorCode code) {
     case DeviceErrorCode::embedding_id: return "embedding";
     case DeviceErrorCode::scatter_index: return "scatter_add";
     case DeviceErrorCode::target_index: return "cross_entropy";
+    case DeviceErrorCode::paged_slot: return "paged_kv_write";
+    case DeviceErrorCode::paged_block: return "paged_attention";
+    case DeviceErrorCode::paged_sequence: return "paged_attention";
+    case DeviceErrorCode::paged_position: return "paged_attention";
     default: return "cuda";
   }
 }
@@ -45,6 +49,10 @@ const char* what_of(DeviceErrorCode code) {
     case DeviceErrorCode::embedding_id: return "an id outside [0, vocab)";
     case DeviceErrorCode::scatter_index: return "an index outside the scattered dim";
     case DeviceErrorCode::target_index: return "a target outside [0, V) that is not ignore_index";
+    case DeviceErrorCode::paged_slot: return "a slot past the pools' num_blocks * block_size";
+    case DeviceErrorCode::paged_block: return "a block id outside [0, num_blocks) (paged_attention or paged_gather)";
+    case DeviceErrorCode::paged_sequence: return "a seq id outside the rows of block_tables";
+    case DeviceErrorCode::paged_position: return "a position + 1 past max_context or the block table's capacity";
     default: return "bad data";
   }
 }

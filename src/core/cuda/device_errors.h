@@ -20,6 +20,10 @@ enum class DeviceErrorCode : uint8_t {
   embedding_id = 1,      // embedding / embedding_backward: id outside [0, vocab)
   scatter_index = 2,     // scatter_add: index outside [0, size of dim)
   target_index = 3,      // cross_entropy: target outside [0, V) and not ignore_index
+  paged_slot = 4,        // paged_kv_write: slot past the pools' num_blocks * block_size slots
+  paged_block = 5,       // paged_attention / paged_gather: block id outside [0, num_blocks)
+  paged_sequence = 6,    // paged_attention: seq id outside [0, rows of block_tables)
+  paged_position = 7,    // paged_attention: position + 1 past max_context or the block table's capacity
 };
 
 // Device-visible address of `device`'s error word (created on first use).

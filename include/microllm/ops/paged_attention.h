@@ -1,0 +1,51 @@
+// A paged KV cache's operators, for continuous batching and decode steps replayed from a CUDA graph.
+//
+// One layer's cache is two pools k_pool, v_pool [num_blocks, block_size, Hkv, D] (f32, f16 or bf16),
+// token-major inside a block: token slot s lives in block s / block_size, row s % block_size. A sequence
+// owns blocks in any order, listed in its row of a block table. Everything that changes from one step to
+// the next (slots, block tables, sequence ids, positions) is an i32 tensor on the pools' device, read by
+// the kernels on the device: no host reads, no host-side kernel argument, so a captured graph replays
+// with new values. The host checks only shapes, dtypes and devices.
+//
+// Out-of-range slots, block ids, sequence ids and positions are the caller's contract. The CPU reference
+// throws IndexError naming the row; CUDA kernels never read or write out of bounds because of them: they
+// skip the bad row, key or block and report an IndexError at the next synchronization (docs/CUDA.md).
+#pragma once
+
+#include <cstdint>
+
+#include "microllm/core/tensor.h"
+
+namespace microllm {
+
+// pool[slots[n]] = k[n] (and v[n]) for every n with slots[n] >= 0; rows with a negative slot (padding)
+// are skipped. k, v [N, Hkv, D], any strides (e.g. a [B, T, Hkv, D] projection viewed as [B*T, Hkv, D])
+// and any float dtype (converted to the pools' dtype); slots i32 [N]. Writes the pools in place.
+void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                    const Tensor& slots);
+
+// Attention of N query tokens against their sequences' cached keys and values:
+//   q [N, Hq, D] any strides, the pools' dtype, Hq % Hkv == 0 (query head h reads kv head h / (Hq / Hkv));
+//   block_tables i32 [S, max_blocks]: row s lists sequence s's blocks in order;
+//   seq_ids i32 [N]: each query's row of block_tables;
+//   positions i32 [N]: query n attends to keys 0..positions[n] of its sequence, inclusive (its own k/v
+//     already written with paged_kv_write); positions[n] < 0 marks a padding row, whose output is 0.
+// scale 0 = 1 / sqrt(D). max_context: an upper bound on positions + 1 that the host knows (0 = max_blocks
+// * block_size); the CUDA kernel sizes its grid from it, so a graph captured with a generous bound stays
+// valid as the sequences grow (splits past a sequence's length exit at once). A position + 1 past it is
+// an error. Returns out [N, Hq, D] in q's dtype (f32 accumulation).
+Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                       const Tensor& seq_ids, const Tensor& positions, double scale = 0, int64_t max_context = 0);
+
+// The same into a given contiguous `out` [N, Hq, D] of q's dtype and device (a static buffer for CUDA
+// graphs). `out` must not overlap q or the pools.
+void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                     const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                     const Tensor& out);
+
+// A contiguous copy [length, Hkv, D] of the first `length` cached tokens of one sequence, whose blocks are
+// block_table_row i32 [max_blocks] (length <= max_blocks * block_size): a prefill chunk runs the ordinary
+// attention() over its sequence's earlier keys plus its own.
+Tensor paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length);
+
+}  // namespace microllm

@@ -1,0 +1,538 @@
+// CUDA kernels of the paged KV cache (include/microllm/ops/paged_attention.h).
+//
+// Every per-step value (slots, block tables, seq ids, positions) is read on the device, and every launch
+// shape depends only on what the host knows (N, the heads, D, max_context, the pools' shape), so a decode
+// step captured in a CUDA graph replays correctly with new values in the same buffers. Bad values never
+// cause an out-of-bounds access: the kernels skip the row / key / block and report it through the device
+// error word (IndexError at the next synchronization).
+//
+// paged_attention, fast path (f32/f16/bf16, D <= 256 a multiple of 8, pool rows 16-byte aligned): the
+// flash-decoding of attention_decode.cu with the keys found through the block table.
+//   partial kernel: grid (token x kv head x row block, split). The rows of a CTA are up to 8 query heads of
+//     ONE kv head of one token, so every K/V row read serves the whole GQA group. A CTA first resolves
+//     its token (position, sequence; a padding row or a split past the sequence's length exits at once,
+//     which is what keeps a graph sized for max_context cheap while sequences are short), then turns its
+//     chunk's keys into pool offsets through the block table (shared memory), then: scores (thread per
+//     key, 16-byte K loads), chunk max and sum (warp per row), o = sum p v (thread per 8-dim slice and
+//     key slice, 16-byte V loads), a shared-memory sum over key slices. With one split it writes out
+//     directly (o / l); otherwise (m, l, o) per row and split in f32.
+//   combine kernel: one block per query row; it resolves the token again to know how many splits ran,
+//     and merges them: out = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
+// The split chunk (64..256 keys) is chosen from max_context so that the grid gives >= 2 CTAs per SM.
+// Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
+// of 128 keys, strided scalar loads. paged_kv_write and paged_gather are one grid-stride kernel each,
+// coalesced along D.
+#include <algorithm>
+#include <cmath>
+
+#include "../../core/cuda/device_errors.h"
+#include "attention_kernels.h"
+#include "common.cuh"
+#include "cuda_backend.h"
+#include "op_scope.h"
+
+namespace microllm {
+namespace cuda_kernels::paged {
+namespace {
+
+using detail::DeviceErrorCode;
+using detail::report_device_error;
+
+constexpr int kCtaThreads = 128;  // attention kernels (the write/gather kernels use common.cuh's kThreads)
+constexpr int kRowsPerCta = 8;  // query heads per CTA (of one kv head)
+constexpr int kMaxChunk = 256;
+constexpr int kMinChunk = 64;
+constexpr int kMaxFastDim = 256;
+constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
+constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
+
+struct PagedArgs {
+  const void* q;
+  const void* k_pool;
+  const void* v_pool;
+  const int32_t* tables;
+  const int32_t* seq_ids;
+  const int32_t* positions;
+  int64_t q_stride[3];  // token, head, dim
+  int64_t k_stride[4];  // block, row, head, dim (the fast path needs dim stride 1)
+  int64_t v_stride[4];
+  int64_t table_stride[2];
+  int64_t seq_stride, pos_stride;
+  int q_heads, kv_heads, group, dim, block_size, num_blocks, num_seqs;
+  int max_context;
+  float scale;
+  int row_blocks;  // ceil(group / kRowsPerCta)
+  int chunk, n_split;
+  float* part_o;  // [N * Hq][n_split][D]
+  float* part_m;  // [N * Hq][n_split]
+  float* part_l;
+  void* out;  // [N, Hq, D] contiguous
+  uint64_t* error_word;
+};
+
+// Token n's sequence and how many of its keys to attend to (0: padding or a bad seq id -> output 0).
+// `report` lets one thread per token report bad values.
+struct Token {
+  int seq, len;
+};
+__device__ __forceinline__ Token resolve(const PagedArgs& a, int64_t n, bool report) {
+  const int pos = a.positions[n * a.pos_stride];
+  if (pos < 0) return {0, 0};
+  const int seq = a.seq_ids[n * a.seq_stride];
+  if (seq < 0 || seq >= a.num_seqs) {
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_sequence, seq);
+    return {0, 0};
+  }
+  if (pos >= a.max_context) {  // the grid covers max_context keys: attend to those, and say so
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_position, pos);
+    return {seq, a.max_context};
+  }
+  return {seq, pos + 1};
+}
+
+// Element offset of key j's row (kv head hk) in a pool, or -1 when its block id is bad (reported).
+__device__ __forceinline__ int64_t key_offset(const PagedArgs& a, const int64_t (&stride)[4], int seq, int j, int hk,
+                                              bool report) {
+  const int block = a.tables[seq * a.table_stride[0] + static_cast<int64_t>(j / a.block_size) * a.table_stride[1]];
+  if (block < 0 || block >= a.num_blocks) {
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_block, block);
+    return -1;
+  }
+  return block * stride[0] + static_cast<int64_t>(j % a.block_size) * stride[1] + hk * stride[2];
+}
+
+// Shared memory: key offsets koff, voff [chunk] (int64), then f32: q [R][D] + scores [R][chunk] (the
+// key-slice sums [slices][R][D] reuse that space after phase 3), then row stats m, l [R].
+template <typename T, bool kDirect>
+__global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedArgs a) {
+  constexpr int R = kRowsPerCta;
+  extern __shared__ __align__(16) unsigned char paged_smem[];
+  const int D = a.dim, chunk = a.chunk;
+  const int slices = kCtaThreads / (D / 8);
+  const int region = max(R * D + R * chunk, slices * R * D);
+  int64_t* koff = reinterpret_cast<int64_t*>(paged_smem);
+  int64_t* voff = koff + chunk;
+  float* sq = reinterpret_cast<float*>(voff + chunk);  // [R][D]
+  float* sc = sq + R * D;                              // [R][chunk]
+  float* red = sq;                                     // [slices][R][D], after phase 3
+  float* sm = sq + region;
+  float* sl = sm + R;
+
+  const int rb = blockIdx.x % a.row_blocks;
+  const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
+  const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
+  const int split = blockIdx.y, c0 = split * chunk;
+  const int r0 = rb * R, nr = min(R, a.group - r0);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0;
+  const Token tok = resolve(a, n, reporter);
+  auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
+  if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
+    if constexpr (kDirect) {  // one split: this CTA owns the output rows
+      T* o = static_cast<T*>(a.out);
+      for (int idx = tid; idx < nr * D; idx += kCtaThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
+    }
+    return;
+  }
+  const int nk = min(chunk, tok.len - c0);  // >= 1
+
+  // ---- phase 0: the chunk's key offsets through the block table; the rows' queries as f32 ----
+  for (int jj = tid; jj < nk; jj += kCtaThreads) {
+    koff[jj] = key_offset(a, a.k_stride, tok.seq, c0 + jj, hk, rb == 0 && hk == 0);
+    voff[jj] = koff[jj] < 0 ? -1 : key_offset(a, a.v_stride, tok.seq, c0 + jj, hk, false);
+  }
+  for (int idx = tid; idx < R * D; idx += kCtaThreads) {
+    const int r = idx / D, d = idx % D;
+    const T* q = static_cast<const T*>(a.q);
+    sq[idx] = r < nr ? to_acc(q[n * a.q_stride[0] + (hk * a.group + r0 + r) * a.q_stride[1] + d * a.q_stride[2]])
+                     : 0.f;
+  }
+  __syncthreads();
+
+  // ---- phase 1: scores, one key per thread, all rows at once ----
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
+  for (int jj = tid; jj < nk; jj += kCtaThreads) {
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    const bool valid = koff[jj] >= 0;
+    if (valid) {
+      const T* kr = kp + koff[jj];
+      for (int d0 = 0; d0 < D; d0 += 8) {
+        float kx[8];
+        load8(kr + d0, kx);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 qa = *reinterpret_cast<const float4*>(sq + r * D + d0);  // broadcast: same address
+          const float4 qb = *reinterpret_cast<const float4*>(sq + r * D + d0 + 4);
+          acc[r] += qa.x * kx[0] + qa.y * kx[1] + qa.z * kx[2] + qa.w * kx[3] + qb.x * kx[4] + qb.y * kx[5] +
+                    qb.z * kx[6] + qb.w * kx[7];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
+  }
+  __syncthreads();
+
+  // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
+  for (int r = warp; r < R; r += kCtaThreads / 32) {
+    float m = -INFINITY;
+    for (int jj = lane; jj < nk; jj += 32) m = fmaxf(m, sc[r * chunk + jj]);
+    m = warp_max(m);
+    float l = 0.f;
+    for (int jj = lane; jj < nk; jj += 32) {
+      const float s = sc[r * chunk + jj];
+      const float p = s == -INFINITY ? 0.f : expf(s - m);
+      sc[r * chunk + jj] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      sm[r] = m;
+      sl[r] = l;
+    }
+  }
+  __syncthreads();
+
+  // ---- phase 3: o = sum_j p_j v_j; thread = (dims dc*8..+8, keys ks, ks + slices, ...) ----
+  const int dims8 = D / 8, dc = tid % dims8, ks = tid / dims8;
+  float acc[R][8];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  if (ks < slices) {
+    for (int jj = ks; jj < nk; jj += slices) {
+      if (voff[jj] < 0) continue;  // bad block: p is 0, and the row must not be read
+      float vx[8];
+      load8(vp + voff[jj] + dc * 8, vx);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float p = sc[r * chunk + jj];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
+      }
+    }
+  }
+  __syncthreads();  // sc is dead; red overwrites the same space
+  if (ks < slices) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(ks * R + r) * D + dc * 8 + e] = acc[r][e];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nr * D; idx += kCtaThreads) {
+    const int r = idx / D, d = idx % D;
+    float o = 0.f;
+    for (int s = 0; s < slices; ++s) o += red[(s * R + r) * D + d];
+    const int64_t row = out_row(r);
+    if constexpr (kDirect) {
+      static_cast<T*>(a.out)[row * D + d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
+    } else {
+      a.part_o[(row * a.n_split + split) * D + d] = o;
+    }
+  }
+  if constexpr (!kDirect) {
+    for (int r = tid; r < nr; r += kCtaThreads) {
+      const int64_t row = out_row(r);
+      a.part_m[row * a.n_split + split] = sm[r];
+      a.part_l[row * a.n_split + split] = sl[r];
+    }
+  }
+}
+
+// One block per query row (n, h) of [N * Hq]; shared memory: the splits' weights [n_split] and 32 floats
+// of reduction scratch. Only the splits that ran (those that start before the token's length) are read.
+template <typename T>
+__global__ void __launch_bounds__(kCtaThreads) paged_combine_kernel(const PagedArgs a, int64_t rows) {
+  extern __shared__ __align__(16) float combine_smem[];
+  float* w = combine_smem;
+  float* scratch = w + a.n_split;
+  const int D = a.dim;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Token tok = resolve(a, row / a.q_heads, false);  // the partial kernel reported bad values
+    const int used = (tok.len + a.chunk - 1) / a.chunk;    // 0 for padding
+    const float* m = a.part_m + row * a.n_split;
+    const float* l = a.part_l + row * a.n_split;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < used; s += blockDim.x) mx = fmaxf(mx, m[s]);
+    mx = block_max(mx, scratch);
+    float sum = 0.f;
+    for (int s = threadIdx.x; s < used; s += blockDim.x) {
+      const float ws = mx == -INFINITY || m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
+      w[s] = ws;
+      sum += ws * l[s];
+    }
+    sum = block_sum(sum, scratch);  // its barriers also publish w
+    T* o = static_cast<T*>(a.out) + row * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.f;
+      if (sum > 0.f) {
+        for (int s = 0; s < used; ++s) acc += w[s] * a.part_o[(row * a.n_split + s) * D + d];
+        acc /= sum;
+      }
+      o[d] = from_acc<T>(acc);
+    }
+    __syncthreads();  // w is rewritten for the next row
+  }
+}
+
+// Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an
+// online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
+template <typename T>
+__global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedArgs a) {
+  extern __shared__ __align__(16) unsigned char simple_smem[];
+  const int D = a.dim, tid = threadIdx.x;
+  int64_t* voff = reinterpret_cast<int64_t*>(simple_smem);  // [128]
+  float* sq = reinterpret_cast<float*>(voff + kSimpleKeys);  // [D]
+  float* acc = sq + D;                                       // [D]
+  float* sp = acc + D;                                       // [128]
+  float* scratch = sp + kSimpleKeys;                         // [32]
+  const int64_t row = blockIdx.x, n = row / a.q_heads;
+  const int h = static_cast<int>(row % a.q_heads), hk = h / a.group;
+  const Token tok = resolve(a, n, h == 0 && tid == 0);
+  const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + h * a.q_stride[1];
+  for (int d = tid; d < D; d += kCtaThreads) {
+    sq[d] = to_acc(q[d * a.q_stride[2]]);
+    acc[d] = 0.f;
+  }
+  __syncthreads();
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
+  float m = -INFINITY, l = 0.f;  // every thread holds the same running max and sum
+  for (int c0 = 0; c0 < tok.len; c0 += kSimpleKeys) {
+    const int j = c0 + tid;
+    float s = -INFINITY;
+    int64_t vo = -1;
+    if (j < tok.len) {
+      const int64_t ko = key_offset(a, a.k_stride, tok.seq, j, hk, h == 0);
+      if (ko >= 0) {
+        vo = key_offset(a, a.v_stride, tok.seq, j, hk, false);
+        float dot = 0.f;
+        for (int d = 0; d < D; ++d) dot += sq[d] * to_acc(kp[ko + d * a.k_stride[3]]);
+        s = dot * a.scale;
+      }
+    }
+    const float m_new = fmaxf(m, block_max(s, scratch));
+    const float alpha = m == -INFINITY ? 0.f : expf(m - m_new);
+    const float p = s == -INFINITY ? 0.f : expf(s - m_new);
+    sp[tid] = p;
+    voff[tid] = vo;
+    l = l * alpha + block_sum(p, scratch);  // its barriers also publish sp and voff
+    const int keys = min(kSimpleKeys, tok.len - c0);
+    for (int d = tid; d < D; d += kCtaThreads) {
+      float x = acc[d] * alpha;
+      for (int t = 0; t < keys; ++t) {
+        if (voff[t] >= 0) x += sp[t] * to_acc(vp[voff[t] + d * a.v_stride[3]]);
+      }
+      acc[d] = x;
+    }
+    m = m_new;
+    __syncthreads();  // sp and voff are rewritten by the next step
+  }
+  T* o = static_cast<T*>(a.out) + row * D;
+  for (int d = tid; d < D; d += kCtaThreads) o[d] = from_acc<T>(l > 0.f ? acc[d] / l : 0.f);
+}
+
+// pool[slots[n]] = k[n], v[n]: one thread per element of k, coalesced along D.
+struct WriteArgs {
+  const int32_t* slots;
+  int64_t slot_stride;
+  int64_t k_stride[3], v_stride[3];
+  int64_t kp_stride[4], vp_stride[4];
+  int64_t rows, heads, dim, block_size, n_slots;
+  uint64_t* error_word;
+};
+template <typename P, typename S>
+__global__ void paged_write_kernel(P* __restrict__ k_pool, P* __restrict__ v_pool, const S* __restrict__ k,
+                                   const S* __restrict__ v, const WriteArgs a) {
+  MICROLLM_GRID_STRIDE_LOOP(i, a.rows * a.heads * a.dim) {
+    const int64_t d = i % a.dim, h = (i / a.dim) % a.heads, n = i / (a.dim * a.heads);
+    const int64_t slot = a.slots[n * a.slot_stride];
+    if (slot < 0) continue;  // padding row
+    if (slot >= a.n_slots) {
+      if (h == 0 && d == 0) report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
+      continue;
+    }
+    const int64_t b = slot / a.block_size, r = slot % a.block_size;
+    k_pool[b * a.kp_stride[0] + r * a.kp_stride[1] + h * a.kp_stride[2] + d * a.kp_stride[3]] =
+        from_acc<P>(static_cast<float>(to_acc(k[n * a.k_stride[0] + h * a.k_stride[1] + d * a.k_stride[2]])));
+    v_pool[b * a.vp_stride[0] + r * a.vp_stride[1] + h * a.vp_stride[2] + d * a.vp_stride[3]] =
+        from_acc<P>(static_cast<float>(to_acc(v[n * a.v_stride[0] + h * a.v_stride[1] + d * a.v_stride[2]])));
+  }
+}
+
+// out [length, Hkv, D] contiguous = the sequence's first `length` rows; a bad block id gives zeros.
+template <typename T>
+__global__ void paged_gather_kernel(const T* __restrict__ pool, const int32_t* __restrict__ row, int64_t row_stride,
+                                    int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t length, int64_t heads,
+                                    int64_t dim, int64_t block_size, int64_t num_blocks, T* __restrict__ out,
+                                    uint64_t* error_word) {
+  MICROLLM_GRID_STRIDE_LOOP(i, length * heads * dim) {
+    const int64_t d = i % dim, h = (i / dim) % heads, j = i / (dim * heads);
+    const int64_t block = row[(j / block_size) * row_stride];
+    if (block < 0 || block >= num_blocks) {
+      if (h == 0 && d == 0) report_device_error(error_word, DeviceErrorCode::paged_block, block);
+      out[i] = from_acc<T>(0.f);
+      continue;
+    }
+    out[i] = pool[block * s0 + (j % block_size) * s1 + h * s2 + d * s3];
+  }
+}
+
+// The fast kernel's 16-byte loads need D a multiple of 8, unit stride along D and every row 16-byte aligned.
+bool fast_layout(const Tensor& pool) {
+  const int64_t bytes = static_cast<int64_t>(pool.element_size());
+  if (pool.size(3) % 8 != 0 || pool.size(3) > kMaxFastDim || pool.stride(3) != 1) return false;
+  if (reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (pool.size(d) > 1 && (pool.stride(d) * bytes) % 16 != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace cuda_kernels::paged
+
+using namespace cuda_kernels;
+
+void CudaBackend::paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                                 const Tensor& slots) {
+  OpScope scope("paged_kv_write", device_, detail::current_cuda_stream(device_));
+  Launch launch(k_pool);
+  paged::WriteArgs a{};
+  a.slots = slots.data<int32_t>();
+  a.slot_stride = slots.stride(0);
+  for (int d = 0; d < 3; ++d) {
+    a.k_stride[d] = k.stride(d);
+    a.v_stride[d] = v.stride(d);
+  }
+  for (int d = 0; d < 4; ++d) {
+    a.kp_stride[d] = k_pool.stride(d);
+    a.vp_stride[d] = v_pool.stride(d);
+  }
+  a.rows = k.size(0);
+  a.heads = k.size(1);
+  a.dim = k.size(2);
+  a.block_size = k_pool.size(1);
+  a.n_slots = k_pool.size(0) * k_pool.size(1);
+  a.error_word = detail::cuda_error_word(device_);
+  visit_float(k_pool.dtype(), "paged_kv_write", [&]<typename P>() {
+    visit_float(k.dtype(), "paged_kv_write", [&]<typename S>() {
+      paged::paged_write_kernel<P, S><<<grid_for(a.rows * a.heads * a.dim), kThreads, 0, launch.stream>>>(
+          static_cast<P*>(k_pool.data_ptr()), static_cast<P*>(v_pool.data_ptr()), static_cast<const S*>(k.data_ptr()),
+          static_cast<const S*>(v.data_ptr()), a);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                                  const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                  double scale, int64_t max_context, const Tensor& out) {
+  OpScope scope("paged_attention", device_, detail::current_cuda_stream(device_));
+  Launch launch(out);
+  namespace pg = paged;
+  pg::PagedArgs a{};
+  a.q = q.data_ptr();
+  a.k_pool = k_pool.data_ptr();
+  a.v_pool = v_pool.data_ptr();
+  a.tables = block_tables.data<int32_t>();
+  a.seq_ids = seq_ids.data<int32_t>();
+  a.positions = positions.data<int32_t>();
+  for (int d = 0; d < 3; ++d) a.q_stride[d] = q.stride(d);
+  for (int d = 0; d < 4; ++d) {
+    a.k_stride[d] = k_pool.stride(d);
+    a.v_stride[d] = v_pool.stride(d);
+  }
+  a.table_stride[0] = block_tables.stride(0);
+  a.table_stride[1] = block_tables.stride(1);
+  a.seq_stride = seq_ids.stride(0);
+  a.pos_stride = positions.stride(0);
+  const int64_t tokens = q.size(0);
+  a.q_heads = static_cast<int>(q.size(1));
+  a.kv_heads = static_cast<int>(k_pool.size(2));
+  a.group = a.q_heads / a.kv_heads;
+  a.dim = static_cast<int>(q.size(2));
+  a.block_size = static_cast<int>(k_pool.size(1));
+  a.num_blocks = static_cast<int>(std::min<int64_t>(k_pool.size(0), INT32_MAX));  // i32 block ids
+  a.num_seqs = static_cast<int>(std::min<int64_t>(block_tables.size(0), INT32_MAX));
+  a.max_context = static_cast<int>(max_context);  // the op checked it fits i32
+  a.scale = static_cast<float>(scale);
+  a.out = out.data_ptr();
+  a.error_word = detail::cuda_error_word(device_);
+  const int64_t rows = tokens * a.q_heads;
+
+  // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
+  a.row_blocks = (a.group + pg::kRowsPerCta - 1) / pg::kRowsPerCta;
+  const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
+  const int64_t want_splits =
+      std::max<int64_t>(1, (2 * attention::multiprocessor_count(launch.device) + base_ctas - 1) / base_ctas);
+  int64_t chunk = (max_context + want_splits - 1) / want_splits;
+  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, pg::kMinChunk, pg::kMaxChunk);
+  const int64_t n_split = (max_context + chunk - 1) / chunk;
+  a.chunk = static_cast<int>(chunk);
+  a.n_split = static_cast<int>(n_split);
+  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) && n_split <= pg::kMaxSplits &&
+                    base_ctas < (int64_t{1} << 31);
+
+  visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
+    } else {
+      if (!fast) {
+        const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
+        if (smem > 48 * 1024) {
+          MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(pg::paged_simple_kernel<T>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem)));
+        }
+        pg::paged_simple_kernel<T><<<static_cast<unsigned>(rows), pg::kCtaThreads, smem, launch.stream>>>(a);
+        MICROLLM_CUDA_CHECK_LAUNCH();
+        return;
+      }
+      const int slices = pg::kCtaThreads / (a.dim / 8);
+      const size_t region = std::max<size_t>(pg::kRowsPerCta * (a.dim + chunk),
+                                             static_cast<size_t>(slices) * pg::kRowsPerCta * a.dim);
+      // <= 4 KiB of offsets + 32 KiB + 64 B: under the 48 KiB that needs no opt-in.
+      const size_t smem = 2 * chunk * sizeof(int64_t) + (region + 2 * pg::kRowsPerCta) * sizeof(float);
+      const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
+      if (n_split == 1) {
+        pg::paged_partial_kernel<T, true><<<grid, pg::kCtaThreads, smem, launch.stream>>>(a);
+        MICROLLM_CUDA_CHECK_LAUNCH();
+        return;
+      }
+      const Device dev = out.device();
+      const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
+      const Tensor part_m = Tensor::empty({rows * n_split}, DType::f32, dev);
+      const Tensor part_l = Tensor::empty({rows * n_split}, DType::f32, dev);
+      a.part_o = part_o.data<float>();
+      a.part_m = part_m.data<float>();
+      a.part_l = part_l.data<float>();
+      pg::paged_partial_kernel<T, false><<<grid, pg::kCtaThreads, smem, launch.stream>>>(a);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+      const size_t combine_smem = (n_split + 32) * sizeof(float);
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
+      pg::paged_combine_kernel<T><<<blocks, pg::kCtaThreads, combine_smem, launch.stream>>>(a, rows);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void CudaBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) {
+  OpScope scope("paged_gather", device_, detail::current_cuda_stream(device_));
+  Launch launch(out);
+  visit_float(pool.dtype(), "paged_gather", [&]<typename T>() {
+    const int64_t n = length * pool.size(2) * pool.size(3);
+    paged::paged_gather_kernel<T><<<grid_for(n), kThreads, 0, launch.stream>>>(
+        static_cast<const T*>(pool.data_ptr()), block_table_row.data<int32_t>(), block_table_row.stride(0),
+        pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), length, pool.size(2), pool.size(3),
+        pool.size(1), pool.size(0), static_cast<T*>(out.data_ptr()), detail::cuda_error_word(device_));
+    MICROLLM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace microllm

@@ -1,0 +1,141 @@
+// The paged KV cache's operators: argument checks and dispatch. Only what the host knows is checked here
+// (shapes, dtypes, devices); the values of slots, block tables, seq ids and positions stay on the device
+// (see include/microllm/ops/paged_attention.h for who checks them).
+#include "microllm/ops/paged_attention.h"
+
+#include <cmath>
+
+#include "checks.h"
+
+namespace microllm {
+namespace {
+
+// A pool [num_blocks, block_size, Hkv, D] of f32, f16 or bf16 (the dtypes the CUDA kernels take).
+void check_pool(const char* op, const Tensor& pool, const char* name) {
+  checks::floating(op, pool, name);
+  MICROLLM_CHECK(pool.dtype() != DType::f64, DTypeError, op, name, " must be f32, f16 or bf16, got ", pool.dtype());
+  checks::rank(op, pool, name, 4);
+  MICROLLM_CHECK(pool.size(1) > 0 && pool.size(2) > 0 && pool.size(3) > 0, ShapeError, op, name, " shape ",
+                 pool.shape(), " must have a positive block_size, Hkv and D ([num_blocks, block_size, Hkv, D])");
+}
+
+void check_pools(const char* op, const Tensor& k_pool, const Tensor& v_pool) {
+  check_pool(op, k_pool, "k_pool");
+  check_pool(op, v_pool, "v_pool");
+  checks::same_shape(op, k_pool, "k_pool", v_pool, "v_pool");
+  checks::same_dtype(op, k_pool, "k_pool", v_pool, "v_pool");
+  checks::same_device(op, k_pool, "k_pool", v_pool, "v_pool");
+}
+
+// An i32 index tensor of the given rank on the pools' device.
+void check_index(const char* op, const Tensor& t, const char* name, int rank, const Tensor& pool) {
+  checks::defined(op, t, name);
+  MICROLLM_CHECK(t.dtype() == DType::i32, DTypeError, op, name, " must be i32, got ", t.dtype());
+  checks::rank(op, t, name, rank);
+  checks::same_device(op, pool, "k_pool", t, name);
+}
+
+// Checks every argument of paged_attention; returns max_context resolved (0 -> the block table's capacity).
+int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                        const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
+                        int64_t max_context) {
+  check_pools(op, k_pool, v_pool);
+  checks::floating(op, q, "q");
+  checks::same_dtype(op, k_pool, "k_pool", q, "q");
+  checks::same_device(op, k_pool, "k_pool", q, "q");
+  checks::rank(op, q, "q", 3);
+  const int64_t kv_heads = k_pool.size(2), dim = k_pool.size(3);
+  MICROLLM_CHECK(q.size(2) == dim, ShapeError, op, "q shape ", q.shape(), " has head dim ", q.size(2),
+                 " but k_pool shape ", k_pool.shape(), " has head dim ", dim);
+  MICROLLM_CHECK(q.size(1) > 0 && q.size(1) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ",
+                 q.size(1), " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ",
+                 k_pool.shape());
+  check_index(op, block_tables, "block_tables", 2, k_pool);
+  check_index(op, seq_ids, "seq_ids", 1, k_pool);
+  check_index(op, positions, "positions", 1, k_pool);
+  MICROLLM_CHECK(block_tables.size(0) > 0 && block_tables.size(1) > 0, ShapeError, op, "block_tables shape ",
+                 block_tables.shape(), " must have at least one sequence and one block ([S, max_blocks])");
+  MICROLLM_CHECK(seq_ids.size(0) == q.size(0), ShapeError, op, "seq_ids shape ", seq_ids.shape(),
+                 " does not match the ", q.size(0), " query tokens of q ", q.shape());
+  MICROLLM_CHECK(positions.size(0) == q.size(0), ShapeError, op, "positions shape ", positions.shape(),
+                 " does not match the ", q.size(0), " query tokens of q ", q.shape());
+  MICROLLM_CHECK(std::isfinite(scale), ValueError, op, "scale must be finite, got ", scale);
+  const int64_t capacity = block_tables.size(1) * k_pool.size(1);
+  MICROLLM_CHECK(max_context >= 0 && max_context <= capacity, ValueError, op, "max_context must lie in [0, ",
+                 capacity, "] (max_blocks ", block_tables.size(1), " * block_size ", k_pool.size(1), "), got ",
+                 max_context);
+  MICROLLM_CHECK(capacity < (int64_t{1} << 31), ValueError, op, "a sequence of up to ", capacity,
+                 " tokens (block_tables ", block_tables.shape(), ", k_pool ", k_pool.shape(),
+                 ") does not fit the i32 positions");
+  return max_context > 0 ? max_context : capacity;
+}
+
+}  // namespace
+
+void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
+                    const Tensor& slots) {
+  const char* op = "paged_kv_write";
+  check_pools(op, k_pool, v_pool);
+  checks::floating(op, k, "k");
+  checks::floating(op, v, "v");
+  checks::rank(op, k, "k", 3);
+  checks::same_shape(op, k, "k", v, "v");
+  checks::same_device(op, k_pool, "k_pool", k, "k");
+  checks::same_device(op, k_pool, "k_pool", v, "v");
+  MICROLLM_CHECK(k.size(1) == k_pool.size(2) && k.size(2) == k_pool.size(3), ShapeError, op, "k shape ", k.shape(),
+                 " must be [N, Hkv, D] with the Hkv and D of k_pool ", k_pool.shape());
+  check_index(op, slots, "slots", 1, k_pool);
+  MICROLLM_CHECK(slots.size(0) == k.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
+                 k.size(0), " rows of k ", k.shape());
+  if (k.size(0) == 0) return;
+  backend_for(k_pool.device()).paged_kv_write(k_pool, v_pool, k, v, slots);
+}
+
+Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                       const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context) {
+  const char* op = "paged_attention";
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [N, Hq, D]
+  if (out.numel() == 0) return out;
+  const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
+  return out;
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                     const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                     const Tensor& out) {
+  const char* op = "paged_attention";
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  checks::defined(op, out, "out");
+  checks::same_shape(op, q, "q", out, "out");
+  checks::same_dtype(op, q, "q", out, "out");
+  checks::same_device(op, q, "q", out, "out");
+  MICROLLM_CHECK(out.is_contiguous(), ShapeError, op, "out must be contiguous, got shape ", out.shape(),
+                 " with strides ", out.strides());
+  if (out.numel() == 0) return;
+  const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
+}
+
+Tensor paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length) {
+  const char* op = "paged_gather";
+  check_pool(op, pool, "pool");
+  checks::defined(op, block_table_row, "block_table_row");
+  MICROLLM_CHECK(block_table_row.dtype() == DType::i32, DTypeError, op, "block_table_row must be i32, got ",
+                 block_table_row.dtype());
+  checks::rank(op, block_table_row, "block_table_row", 1);
+  checks::same_device(op, pool, "pool", block_table_row, "block_table_row");
+  const int64_t capacity = block_table_row.size(0) * pool.size(1);
+  MICROLLM_CHECK(length >= 0 && length <= capacity, ValueError, op, "length must lie in [0, ", capacity,
+                 "] (block_table_row ", block_table_row.shape(), " of blocks of ", pool.size(1), " tokens), got ",
+                 length);
+  Tensor out = Tensor::empty({length, pool.size(2), pool.size(3)}, pool.dtype(), pool.device());
+  if (length == 0) return out;
+  backend_for(pool.device()).paged_gather(pool, block_table_row, length, out);
+  return out;
+}
+
+}  // namespace microllm

@@ -1,0 +1,411 @@
+// Paged KV cache: paged_attention against the ordinary attention() over each sequence's contiguous keys
+// (causal with q_offset) for shuffled, non-contiguous block tables, sequences of different lengths, chunks
+// of several query tokens and decode steps, padding rows, GQA, D 64 / 128 / odd, every pool dtype, fresh
+// random inputs and NaN-filled outputs; paged_kv_write -> paged_gather round trips; bad indices; contract
+// errors. On CUDA: parity with the CPU at the shapes of Qwen2.5-0.5B and R1-Distill-1.5B (batch up to 32,
+// contexts up to ~4000, a max_context above the actual lengths) without any host <-> device transfer.
+#include "microllm/ops/paged_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "microllm/core/cuda.h"
+#include "microllm/ops/attention.h"
+#include "test_support.h"
+
+namespace microllm {
+namespace {
+
+using testing::host_values;
+using testing::random_tensor;
+using testing::tolerance;
+
+const DType kPoolTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// A cache of several sequences in shuffled blocks, and a batch of query rows over them.
+struct Cache {
+  int64_t num_blocks, block_size, kv_heads, dim, q_heads, max_blocks;
+  std::vector<int64_t> lengths;       // tokens cached per sequence
+  std::vector<int32_t> tables;        // [S, max_blocks]; -1 past a sequence's blocks (never read)
+  std::vector<int32_t> seq, pos;      // per query row; pos -1 = padding
+  std::vector<int32_t> slots;         // per cached token of every sequence, in sequence order
+  Tensor block_tables, seq_ids, positions;  // on the test's device
+};
+
+// Sequences of the given lengths in a pool with `spare` blocks more than they need, blocks assigned in a
+// random order; `queries` tokens per sequence at its last positions (a prefill chunk, or 1 for decode),
+// plus a padding row after every sequence's queries when `padding`.
+Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads, int64_t dim,
+                 int64_t queries, bool padding, Device device, int64_t spare = 3) {
+  Cache c;
+  c.block_size = block_size;
+  c.kv_heads = kv_heads;
+  c.q_heads = q_heads;
+  c.dim = dim;
+  c.lengths = lengths;
+  int64_t needed = 0, max_blocks = 1;
+  for (int64_t len : lengths) {
+    needed += (len + block_size - 1) / block_size;
+    max_blocks = std::max(max_blocks, (len + block_size - 1) / block_size);
+  }
+  c.max_blocks = max_blocks + 1;  // one entry more than any sequence uses
+  c.num_blocks = needed + spare;
+  std::vector<int32_t> order(static_cast<size_t>(c.num_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::shuffle(order.begin(), order.end(), rng);
+  c.tables.assign(static_cast<size_t>(lengths.size() * c.max_blocks), -1);
+  size_t next = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    for (int64_t b = 0; b * block_size < lengths[s]; ++b) c.tables[s * c.max_blocks + b] = order[next++];
+    for (int64_t j = 0; j < lengths[s]; ++j) {
+      c.slots.push_back(c.tables[s * c.max_blocks + j / block_size] * static_cast<int32_t>(block_size) +
+                        static_cast<int32_t>(j % block_size));
+    }
+    for (int64_t t = std::min(queries, lengths[s]); t > 0; --t) {
+      c.seq.push_back(static_cast<int32_t>(s));
+      c.pos.push_back(static_cast<int32_t>(lengths[s] - t));
+    }
+    if (padding) {
+      c.seq.push_back(static_cast<int32_t>((s * 7) % lengths.size()));  // any value: padding rows ignore it
+      c.pos.push_back(-1);
+    }
+  }
+  c.block_tables = Tensor::from_vector(c.tables, {static_cast<int64_t>(lengths.size()), c.max_blocks}).to(device);
+  c.seq_ids = Tensor::from_vector(c.seq, {static_cast<int64_t>(c.seq.size())}).to(device);
+  c.positions = Tensor::from_vector(c.pos, {static_cast<int64_t>(c.pos.size())}).to(device);
+  return c;
+}
+
+int64_t rows(const Cache& c) { return static_cast<int64_t>(c.seq.size()); }
+
+// The expected output of every query row: attention() over the sequence's contiguous keys, causal with
+// q_offset = the row's position (one row at a time), or zeros for padding. k_seq[s], v_seq[s] [L, Hkv, D].
+std::vector<double> expected_output(const Cache& c, const Tensor& q, const std::vector<Tensor>& k_seq,
+                                    const std::vector<Tensor>& v_seq, double scale) {
+  std::vector<double> out;
+  for (int64_t n = 0; n < rows(c); ++n) {
+    if (c.pos[n] < 0) {
+      out.insert(out.end(), static_cast<size_t>(c.q_heads * c.dim), 0.0);
+      continue;
+    }
+    const Tensor qn = q.narrow(0, n, 1).unsqueeze(0).transpose(1, 2);  // [1, Hq, 1, D]
+    const Tensor k = k_seq[c.seq[n]].unsqueeze(0).transpose(1, 2);     // [1, Hkv, L, D]
+    const Tensor v = v_seq[c.seq[n]].unsqueeze(0).transpose(1, 2);
+    AttentionParams p;
+    p.scale = scale;
+    p.q_offset = c.pos[n];
+    const std::vector<double> row = host_values(attention(qn, k, v, p).out);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+class PagedAttentionTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
+  Device device() const { return GetParam(); }
+
+  // Writes random keys/values of every sequence through paged_kv_write (k, v as [L, Hkv, D] views of a
+  // [1, L, Hkv, D] buffer), then checks paged_attention on NaN-filled outputs against attention().
+  void check(Cache c, DType dtype, double scale, const char* what) {
+    SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype));
+    const Device cpu = Device::cpu();
+    const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
+    const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
+    std::vector<Tensor> k_seq, v_seq;  // on the CPU, for the reference
+    size_t first_slot = 0;
+    for (int64_t len : c.lengths) {
+      // f32 values written into a pool of another dtype: the reference sees them rounded the same way.
+      const Tensor k = random_tensor({1, len, c.kv_heads, c.dim}, DType::f32, device()).select(0, 0);
+      const Tensor v = testing::non_contiguous(random_tensor({len, c.kv_heads, c.dim}, DType::f32, device()));
+      const std::vector<int32_t> s(c.slots.begin() + first_slot, c.slots.begin() + first_slot + len);
+      first_slot += static_cast<size_t>(len);
+      paged_kv_write(k_pool, v_pool, k, v, Tensor::from_vector(s, {len}).to(device()));
+      k_seq.push_back(k.to(cpu).to(dtype));
+      v_seq.push_back(v.to(cpu).to(dtype));
+    }
+    const Tensor q = testing::non_contiguous(random_tensor({rows(c), c.q_heads, c.dim}, dtype, device(), -2, 2));
+    const std::vector<double> want = expected_output(c, q.to(cpu), k_seq, v_seq, scale);
+
+    const Tensor got = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, scale);
+    ASSERT_EQ(got.shape(), q.shape());
+    ASSERT_EQ(got.dtype(), dtype);
+    MICROLLM_EXPECT_CLOSE(got, want, tolerance(dtype));
+
+    // Into a NaN-filled buffer, with a max_context above every length: every element written, the same values.
+    const Tensor out = Tensor::full(q.shape(), NAN, dtype, device());
+    const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
+    paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, scale,
+                    std::min(longest + 37, c.max_blocks * c.block_size), out);
+    const std::vector<double> values = host_values(out);
+    for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(std::isfinite(values[i])) << "element " << i;
+    MICROLLM_EXPECT_CLOSE(out, want, tolerance(dtype));
+    for (int64_t n = 0; n < rows(c); ++n) {
+      if (c.pos[n] >= 0) continue;
+      for (double x : host_values(out.select(0, n))) ASSERT_EQ(x, 0.0) << "padding row " << n;
+    }
+  }
+};
+
+TEST_P(PagedAttentionTest, ChunksAndDecodeMatchContiguousAttention) {
+  for (DType dtype : kPoolTypes) {
+    // GQA 6/2, odd block size, lengths that end mid-block, exactly on a block and inside the first block.
+    check(make_cache({37, 20, 5, 64}, 5, 2, 6, 64, 4, true, device()), dtype, 0, "chunks d64");
+    check(make_cache({37, 20, 5, 64}, 5, 2, 6, 64, 1, true, device()), dtype, 0.3, "decode d64 scale 0.3");
+    check(make_cache({70, 1, 33}, 16, 2, 12, 128, 1, false, device()), dtype, 0, "decode d128 group 6");
+    check(make_cache({9, 40}, 8, 1, 3, 128, 7, true, device()), dtype, 0, "chunks d128 MQA");
+    check(make_cache({13, 26, 3}, 4, 3, 3, 24, 3, true, device()), dtype, 0, "chunks d24 MHA");
+  }
+}
+
+// The Qwen2.5-0.5B decode shape at a few hundred tokens, against the CPU on both devices.
+TEST_P(PagedAttentionTest, QwenDecodeBatch) {
+  check(make_cache({300, 17, 129, 256, 1, 64, 200, 95}, 16, 2, 14, 64, 1, true, device()), DType::bf16, 0,
+        "qwen decode");
+}
+
+TEST_P(PagedAttentionTest, WriteThenGatherRoundTripsAndSkipSlotsLeaveThePoolAlone) {
+  for (DType dtype : kPoolTypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Cache c = make_cache({11, 30}, 4, 2, 2, 16, 1, false, device());
+    const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
+    const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
+    const std::vector<double> k_before = host_values(k_pool), v_before = host_values(v_pool);
+    // Sequence 1's 30 tokens as a [2, 16, Hkv, D] projection (the last two rows padding), f64 source
+    // values converted to the pool's dtype; the padding rows' slots are -1.
+    const Tensor k = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device());
+    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device()).transpose(2, 3).contiguous()
+                         .transpose(2, 3);  // D strided
+    std::vector<int32_t> slots(c.slots.begin() + 11, c.slots.end());
+    slots.push_back(-1);
+    slots.push_back(-1);
+    paged_kv_write(k_pool, v_pool, k.view({32, c.kv_heads, c.dim}), v.reshape({32, c.kv_heads, c.dim}),
+                   Tensor::from_vector(slots, {32}).to(device()));
+    const Tensor row = c.block_tables.select(0, 1);
+    const Tensor k_back = paged_gather(k_pool, row, 30), v_back = paged_gather(v_pool, row, 30);
+    ASSERT_EQ(k_back.shape(), (Shape{30, c.kv_heads, c.dim}));
+    EXPECT_EQ(host_values(k_back), host_values(k.reshape({32, c.kv_heads, c.dim}).narrow(0, 0, 30).to(dtype)));
+    EXPECT_EQ(host_values(v_back), host_values(v.reshape({32, c.kv_heads, c.dim}).narrow(0, 0, 30).to(dtype)));
+    // Every slot that is not one of sequence 1's 30 is untouched (the skip rows wrote nothing).
+    std::vector<bool> written(static_cast<size_t>(c.num_blocks * c.block_size), false);
+    for (size_t i = 11; i < c.slots.size(); ++i) written[static_cast<size_t>(c.slots[i])] = true;
+    const std::vector<double> k_after = host_values(k_pool), v_after = host_values(v_pool);
+    const size_t per_slot = static_cast<size_t>(c.kv_heads * c.dim);
+    for (size_t e = 0; e < k_after.size(); ++e) {
+      if (written[e / per_slot]) continue;
+      ASSERT_EQ(k_after[e], k_before[e]) << "k_pool element " << e;
+      ASSERT_EQ(v_after[e], v_before[e]) << "v_pool element " << e;
+    }
+    // A gather of a shorter prefix, from a strided block table row (column 0 of a transposed table).
+    const Tensor transposed = c.block_tables.t().contiguous().t();
+    EXPECT_EQ(host_values(paged_gather(k_pool, transposed.select(0, 1), 5)), host_values(k_back.narrow(0, 0, 5)));
+    EXPECT_EQ(paged_gather(k_pool, row, 0).numel(), 0);
+  }
+}
+
+TEST_P(PagedAttentionTest, BadIndicesAreIndexErrors) {
+  const Cache c = make_cache({10, 6}, 4, 1, 2, 8, 1, false, device(), 0);
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, device());
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, device());
+  const Tensor q = random_tensor({2, 2, 8}, DType::f32, device());
+  auto i32 = [&](std::vector<int32_t> v, Shape s) { return Tensor::from_vector(v, s).to(device()); };
+  auto error = [&](const std::function<void()>& call) { return testing::index_error_message(device(), call); };
+  const Tensor kv = random_tensor({1, 1, 8}, DType::f32, device());
+  const std::string slot = error([&] { paged_kv_write(k_pool, v_pool, kv, kv, i32({int32_t(c.num_blocks * 4)}, {1})); });
+  EXPECT_NE(slot.find("paged_kv_write"), std::string::npos) << slot;
+  const Tensor bad_table = i32({0, 1, 2, 99, 4, 5}, {2, 3});
+  const std::string block = error([&] {
+    paged_attention(q, k_pool, v_pool, bad_table, i32({0, 1}, {2}), i32({9, 5}, {2}));
+  });
+  EXPECT_NE(block.find("paged_attention"), std::string::npos) << block;
+  const std::string seq = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, i32({0, 2}, {2}), c.positions); });
+  EXPECT_NE(seq.find("paged_attention"), std::string::npos) << seq;
+  const std::string pos = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, 9); });
+  EXPECT_NE(pos.find("max_context"), std::string::npos) << pos;
+  const std::string gather = error([&] { paged_gather(k_pool, bad_table.select(0, 1), 12); });
+  EXPECT_NE(gather.find("paged_gather"), std::string::npos) << gather;
+  // Entries past what a sequence needs are never read: -1 there is fine.
+  EXPECT_NO_THROW(paged_gather(k_pool, i32({0, -1, -1}, {3}), 4));
+}
+
+TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
+  auto t = [&](Shape shape, DType dtype = DType::f32) { return random_tensor(shape, dtype, device()); };
+  auto i32 = [&](Shape shape) { return Tensor::zeros(shape, DType::i32, device()); };
+  const Tensor kp = t({4, 8, 2, 16}), vp = t({4, 8, 2, 16}), q = t({3, 4, 16});
+  const Tensor bt = i32({2, 4}), ids = i32({3}), pos = i32({3});
+  auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  auto expect = [&](const std::string& m, const char* op, const char* arg) {
+    EXPECT_NE(m.find(std::string("[") + op + "]"), std::string::npos) << m;
+    EXPECT_NE(m.find(arg), std::string::npos) << m;
+  };
+  // paged_attention
+  expect(message([&] { paged_attention(t({3, 4}), kp, vp, bt, ids, pos); }), "paged_attention", "q");
+  expect(message([&] { paged_attention(t({3, 4, 8}), kp, vp, bt, ids, pos); }), "paged_attention", "head dim");
+  expect(message([&] { paged_attention(t({3, 3, 16}), kp, vp, bt, ids, pos); }), "paged_attention", "kv heads");
+  expect(message([&] { paged_attention(t({3, 4, 16}, DType::bf16), kp, vp, bt, ids, pos); }), "paged_attention", "q");
+  expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 8}), bt, ids, pos); }), "paged_attention", "v_pool");
+  expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos); }), "paged_attention",
+         "v_pool");
+  expect(message([&] { paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids,
+                                       pos); }), "paged_attention", "k_pool");
+  expect(message([&] { paged_attention(q, t({4, 8, 32}), t({4, 8, 32}), bt, ids, pos); }), "paged_attention", "k_pool");
+  expect(message([&] { paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos); }),
+         "paged_attention", "block_tables");
+  expect(message([&] { paged_attention(q, kp, vp, i32({8}), ids, pos); }), "paged_attention", "block_tables");
+  expect(message([&] { paged_attention(q, kp, vp, bt, i32({2}), pos); }), "paged_attention", "seq_ids");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, t({3})); }), "paged_attention", "positions");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, i32({3, 1})); }), "paged_attention", "positions");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 33); }), "paged_attention", "max_context");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, NAN); }), "paged_attention", "scale");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 8})); }), "paged_attention", "out");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 16}, DType::f16)); }),
+         "paged_attention", "out");
+  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 16, 4}).transpose(1, 2)); }),
+         "paged_attention", "out");
+  // paged_kv_write
+  const Tensor k = t({5, 2, 16}), slots = i32({5});
+  expect(message([&] { paged_kv_write(kp, vp, t({5, 2, 8}), t({5, 2, 8}), slots); }), "paged_kv_write", "k");
+  expect(message([&] { paged_kv_write(kp, vp, k, t({5, 2, 15}), slots); }), "paged_kv_write", "v");
+  expect(message([&] { paged_kv_write(kp, vp, k, k, i32({4})); }), "paged_kv_write", "slots");
+  expect(message([&] { paged_kv_write(kp, vp, k, k, t({5})); }), "paged_kv_write", "slots");
+  expect(message([&] { paged_kv_write(kp, vp, i32({5, 2, 16}), k, slots); }), "paged_kv_write", "k");
+  expect(message([&] { paged_kv_write(kp, t({4, 8, 2, 16}, DType::bf16), k, k, slots); }), "paged_kv_write", "v_pool");
+  // paged_gather
+  expect(message([&] { paged_gather(kp, i32({4}), 33); }), "paged_gather", "length");
+  expect(message([&] { paged_gather(kp, i32({4}), -1); }), "paged_gather", "length");
+  expect(message([&] { paged_gather(kp, i32({1, 4}), 3); }), "paged_gather", "block_table_row");
+  expect(message([&] { paged_gather(kp, Tensor::zeros({4}, DType::i64, device()), 3); }), "paged_gather",
+         "block_table_row");
+  expect(message([&] { paged_gather(t({8, 2, 16}), i32({4}), 3); }), "paged_gather", "pool");
+  // Devices: every argument on the other device than the pools.
+  if (device().is_cuda()) {
+    const Device cpu = Device::cpu();
+    expect(message([&] { paged_attention(q.to(cpu), kp, vp, bt, ids, pos); }), "paged_attention", "q");
+    expect(message([&] { paged_attention(q, kp, vp.to(cpu), bt, ids, pos); }), "paged_attention", "v_pool");
+    expect(message([&] { paged_attention(q, kp, vp, bt.to(cpu), ids, pos); }), "paged_attention", "block_tables");
+    expect(message([&] { paged_attention(q, kp, vp, bt, ids.to(cpu), pos); }), "paged_attention", "seq_ids");
+    expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos.to(cpu)); }), "paged_attention", "positions");
+    expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, Tensor::empty(q.shape(), DType::f32, cpu)); }),
+           "paged_attention", "out");
+    expect(message([&] { paged_kv_write(kp, vp, k.to(cpu), k, slots); }), "paged_kv_write", "k");
+    expect(message([&] { paged_kv_write(kp, vp, k, k, slots.to(cpu)); }), "paged_kv_write", "slots");
+    expect(message([&] { paged_gather(kp, i32({4}).to(cpu), 3); }), "paged_gather", "block_table_row");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, PagedAttentionTest, ::testing::ValuesIn(testing::test_devices()),
+                         testing::device_test_name);
+
+// ---- CUDA against the CPU reference on the same inputs, with no host <-> device transfer inside the ops ----
+
+class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(Device::cuda(0)); }
+  DType dtype() const { return GetParam(); }
+
+  // Random pools (every slot holds keys), a cache of the given lengths; runs paged_attention on both devices.
+  void parity(const std::vector<int64_t>& lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads,
+              int64_t dim, int64_t queries, bool padding, int64_t max_context, const char* what) {
+    SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype()));
+    const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+    const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu);
+    const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
+    const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
+    // q as the model produces it: a slice of a fused [N, (Hq + 2 Hkv) * D] QKV projection.
+    const Tensor qkv = random_tensor({rows(c), (q_heads + 2 * kv_heads) * dim}, dtype(), cpu, -2, 2);
+    const Tensor q = qkv.narrow(1, 0, q_heads * dim).view({rows(c), q_heads, dim});
+    const int64_t context = max_context > 0 ? std::min(max_context, c.max_blocks * c.block_size) : 0;
+    const Tensor want = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, context);
+
+    const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu), qg = qkv.to(gpu).narrow(1, 0, q_heads * dim)
+                                                                   .view({rows(c), q_heads, dim});
+    const Tensor tables = c.block_tables.to(gpu), seq = c.seq_ids.to(gpu), pos = c.positions.to(gpu);
+    const Tensor out = Tensor::full(q.shape(), NAN, dtype(), gpu);
+    cuda::synchronize(0);
+    cuda::reset_transfer_stats();
+    paged_attention(qg, kg, vg, tables, seq, pos, 0, context, out);
+    const Tensor got_new = paged_attention(qg, kg, vg, tables, seq, pos, 0, context);
+    cuda::synchronize(0);
+    const cuda::TransferStats moved = cuda::transfer_stats();
+    EXPECT_EQ(moved.host_to_device, 0u) << "paged_attention copied host -> device";
+    EXPECT_EQ(moved.device_to_host, 0u) << "paged_attention copied device -> host";
+    const double tol = std::max(tolerance(dtype()), 1e-5);
+    EXPECT_LE(testing::relative_error(out.to(cpu), want), dtype() == DType::f32 ? 1e-5 : 1e-2);
+    EXPECT_LE(testing::relative_error(got_new.to(cpu), want), tol);
+    for (double x : host_values(out)) ASSERT_TRUE(std::isfinite(x));
+  }
+};
+
+TEST_P(PagedAttentionCudaTest, QwenAndR1DecodeShapes) {
+  for (int64_t batch : {1, 3, 8, 32}) {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < batch; ++b) lengths.push_back(1 + (b * 997 + 13) % 1500);
+    parity(lengths, 16, 2, 14, 64, 1, false, 4096, "qwen decode, max_context 4096");
+    parity(lengths, 16, 2, 12, 128, 1, false, 0, "r1 decode");
+  }
+}
+
+TEST_P(PagedAttentionCudaTest, LongContextsBatch32) {
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < 32; ++b) lengths.push_back(3900 + (b * 37) % 200);
+  parity(lengths, 16, 2, 14, 64, 1, false, 4096, "qwen batch 32 ~4000");
+  parity(lengths, 32, 2, 12, 128, 1, true, 4200, "r1 batch 32 ~4000, padding");
+}
+
+TEST_P(PagedAttentionCudaTest, ChunksPaddingAndOtherHeadDims) {
+  parity({37, 200, 5, 64, 1}, 16, 2, 14, 64, 5, true, 0, "qwen chunks + padding");
+  parity({100, 513, 7}, 8, 2, 12, 128, 9, true, 700, "r1 chunks, block 8");
+  parity({50, 3, 90}, 4, 3, 6, 40, 2, true, 0, "d40 (fallback kernel)");
+  parity({20, 33}, 5, 1, 8, 64, 3, false, 0, "MQA group 8, odd block size");
+  parity({64}, 16, 4, 4, 128, 1, false, 0, "MHA d128");
+}
+
+// paged_kv_write and paged_gather on CUDA give the CPU's pools and copies, without transfers.
+TEST_P(PagedAttentionCudaTest, WriteAndGather) {
+  const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+  const Cache c = make_cache({300, 45}, 16, 2, 2, 64, 1, false, cpu);
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, 2, 64}, dtype(), cpu);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, 2, 64}, dtype(), cpu);
+  const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu);
+  std::vector<int32_t> slots(c.slots.begin(), c.slots.end());
+  for (size_t i = 0; i < slots.size(); i += 5) slots[i] = -1;
+  const int64_t n = static_cast<int64_t>(slots.size());
+  const Tensor kv = random_tensor({n, 2 * 2 * 64}, DType::f32, cpu);  // fused [N, 2 * Hkv * D], f32 source
+  const Tensor slot_t = Tensor::from_vector(slots, {n});
+  auto k_of = [](const Tensor& t) { return t.narrow(1, 0, 128).view({t.size(0), 2, 64}); };
+  auto v_of = [](const Tensor& t) { return t.narrow(1, 128, 128).view({t.size(0), 2, 64}); };
+  paged_kv_write(k_pool, v_pool, k_of(kv), v_of(kv), slot_t);
+  const Tensor kv_g = kv.to(gpu), slot_g = slot_t.to(gpu), row_g = c.block_tables.select(0, 0).to(gpu);
+  cuda::synchronize(0);
+  cuda::reset_transfer_stats();
+  paged_kv_write(kg, vg, k_of(kv_g), v_of(kv_g), slot_g);
+  const Tensor gathered = paged_gather(vg, row_g, 300);
+  cuda::synchronize(0);
+  EXPECT_EQ(cuda::transfer_stats().host_to_device, 0u);
+  EXPECT_EQ(cuda::transfer_stats().device_to_host, 0u);
+  EXPECT_EQ(host_values(kg), host_values(k_pool));
+  EXPECT_EQ(host_values(vg), host_values(v_pool));
+  EXPECT_EQ(host_values(gathered), host_values(paged_gather(v_pool, c.block_tables.select(0, 0), 300)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionCudaTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                           return std::string("cuda_") + dtype_name(param.param);
+                         });
+
+}  // namespace
+}  // namespace microllm
