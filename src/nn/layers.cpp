@@ -51,7 +51,7 @@ void FusedProjections::fuse() {
     for (Linear* part : parts_) {
       Variable& v = tensor_of(part);
       const int64_t n = v.value().size(0);
-      const Tensor rows_of_part = fused.narrow(0, at, n);
+      Tensor rows_of_part = fused.narrow(0, at, n);
       rows_of_part.copy_(v.value());
       v.set_value(rows_of_part);
       at += n;
