@@ -7,9 +7,9 @@ N concurrent clients (threads, default 64) for D seconds (default 60): each repe
 until `data: [DONE]`. A request started before the deadline runs to its end; none starts after it.
 
 Reported (markdown table, --json FILE too): requests completed, errors (a status other than 200, a malformed
-event, an error object in the stream, a missing [DONE], a connection error or timeout: the first few are
-printed), generated tokens/s over the wall time (tokens from the `usage` of the final chunk; counted as
-content chunks when a server sends no usage), time to first token (from sending the request to the first
+event, an error object in the stream, a missing [DONE], a finish_reason other than OpenAI's such as
+"cancelled", a connection error or timeout: the first few are printed), generated tokens/s over the wall
+time (tokens from the `usage` of the final chunk; counted as content chunks when a server sends no usage), time to first token (from sending the request to the first
 chunk with text) p50/p95/max, the gaps between content chunks (inter-token latency when each chunk carries
 one token; a server may put several tokens in a chunk, see chunks/token) p50/p95, and the time per output
 token of each request after its first ((last - first chunk) / (tokens - 1)) p50/p95. With microllm serve also
@@ -64,6 +64,7 @@ WORDS = ("time person year way day thing man world life hand part child eye woma
          "build carry follow speak listen").split()
 
 MAX_ERRORS_PRINTED = 5
+FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls")  # OpenAI's; anything else is an error
 
 
 def percentile(values, q):
@@ -170,6 +171,8 @@ def one_request(args, url, rng):
             raise RuntimeError(f"the stream ended without [DONE] after {chunks} content chunks")
         if finish is None:
             raise RuntimeError("no chunk had a finish_reason")
+        if finish not in FINISH_REASONS:
+            raise RuntimeError(f"finish_reason {finish!r} after {chunks} content chunks")
         return {"sent": sent, "ended": ended, "content_times": content_times, "chunks": chunks, "usage": usage,
                 "finish": finish}
     finally:
@@ -237,14 +240,14 @@ def server_batching(url):
 
 
 class SpawnedServer:
-    """`--spawn COMMAND`: started in its own process group, stderr + stdout to a log file."""
+    """`--spawn COMMAND`: stderr + stdout to a log file; stopped with SIGTERM (SIGKILL after 30 s)."""
 
     def __init__(self, command, log_path):
         self.log_path = log_path
         self.log = open(log_path, "wb")
         print(f"$ {command}", file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen(shlex.split(command), stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        # In this process group: `timeout` and Ctrl-C reach the server too if this script dies first.
+        self.proc = subprocess.Popen(shlex.split(command), stdout=self.log, stderr=subprocess.STDOUT)
 
     def log_text(self):
         try:
@@ -345,6 +348,10 @@ def report(args, url, stats, wall, batching, server_note):
     return "\n".join(lines) + "\n", summary
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -372,26 +379,28 @@ def main():
     url = urllib.parse.urlparse(args.url.rstrip("/")) if args.url else None
 
     server, server_note = None, ""
-    if args.spawn:
-        log_path = args.server_log or os.path.join(tempfile.mkdtemp(prefix="serve-load-"), "server.log")
-        server = SpawnedServer(args.spawn, log_path)
-        try:
-            url = server.wait_ready(url, args.startup_timeout)
-        except RuntimeError as e:
-            server.stop()
-            print(f"serve_load: {e}", file=sys.stderr)
-            return 1
-        server_note = f"spawned: `{args.spawn}`, log {log_path}"
-    if url is None:
-        url = urllib.parse.urlparse("http://127.0.0.1:8080")
-
+    # SIGTERM (`timeout`, a job controller) ends the run as Ctrl-C does: the spawned server is stopped on the way
+    # out and the figures so far are reported.
+    signal.signal(signal.SIGTERM, interrupted)
     stats = Stats()
-    barrier = threading.Barrier(args.clients + 1)
-    clock = {}
-    threads = [threading.Thread(target=client, args=(i, args, url, stats, clock, barrier), daemon=True)
-               for i in range(args.clients)]
     start = time.perf_counter()
+    wall, batching = 0.0, None
     try:
+        if args.spawn:
+            log_path = args.server_log or os.path.join(tempfile.mkdtemp(prefix="serve-load-"), "server.log")
+            server = SpawnedServer(args.spawn, log_path)
+            try:
+                url = server.wait_ready(url, args.startup_timeout)
+            except RuntimeError as e:
+                print(f"serve_load: {e}", file=sys.stderr)
+                return 1
+            server_note = f"spawned: `{args.spawn}`, log {log_path}"
+        if url is None:
+            url = urllib.parse.urlparse("http://127.0.0.1:8080")
+        barrier = threading.Barrier(args.clients + 1)
+        clock = {}
+        threads = [threading.Thread(target=client, args=(i, args, url, stats, clock, barrier), daemon=True)
+                   for i in range(args.clients)]
         for t in threads:
             t.start()
         clock["start"] = start = time.perf_counter()
@@ -399,16 +408,18 @@ def main():
         barrier.wait()
         print(f"serve_load: {args.clients} clients for {args.duration:g} s against "
               f"{urllib.parse.urlunparse(url)}", file=sys.stderr, flush=True)
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:
+            stats.error(start, "interrupted (SIGINT or SIGTERM) before the clients finished")
         wall = time.perf_counter() - start
         batching = server_batching(url)
     finally:
         if server is not None:
             code = server.stop()
-            if code not in (0, None):
-                stats.errors.append((time.perf_counter() - start,
-                                     f"the spawned server exited with {code}: {server.log_text()[-500:]!r}"))
+            if code not in (0, None) and url is not None:
+                stats.error(start, f"the spawned server exited with {code}: {server.log_text()[-500:]!r}")
 
     text, summary = report(args, url, stats, wall, batching, server_note)
     print(text)
