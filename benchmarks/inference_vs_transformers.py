@@ -300,7 +300,8 @@ def render(args, tests, ours, ours_info, ours_error, theirs, theirs_errors, thei
         f"# Inference, microLLM vs transformers: {stem} ({now})", "",
         f"Command: `{command}`",
         f"microLLM ran: `{ours_info.get('command') or '-'}`",
-        f"Machine: {gpu}; {platform.node()}; {versions}",
+        f"Machine: {gpu}; {platform.node()}; {versions}"
+        + (f"; microllm bench saw {ours_info['gpu']}" if ours_info.get("gpu") else ""),
         f"Model: {args.config}, random weights (seed {args.seed}), {args.dtype}, {args.device}. transformers: "
         f"from_config, sdpa, eval, inference_mode, eager; decode with "
         + ("model.generate(do_sample=False, min_new_tokens=max_new_tokens)" if args.hf_decode == "generate"
