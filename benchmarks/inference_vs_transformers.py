@@ -122,8 +122,35 @@ def parse_microllm_json(report):
     return results, info
 
 
+def run_microllm_once(args, tests, deadline):
+    """One `microllm bench` over `tests`; returns (results, info, error)."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="infer-bench-"))
+    json_path = work / "microllm.json"
+    command = microllm_command(args, tests, json_path)
+    print("$", shlex.join(command), file=sys.stderr, flush=True)
+    info = {"command": shlex.join(command)}
+    timeout = max(deadline - time.monotonic(), 10.0)
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        if proc.returncode != 0:
+            return {}, info, (f"microllm bench exited with {proc.returncode}: "
+                              f"{(proc.stderr.strip() or proc.stdout.strip())[-1500:]}")
+        with open(json_path) as f:
+            results, parsed = parse_microllm_json(json.load(f))
+        info.update(parsed, command=shlex.join(command))
+        return results, info, None
+    except subprocess.TimeoutExpired:
+        return {}, info, f"microllm bench did not finish in {timeout:.0f} s (--microllm-timeout)"
+    except (OSError, ValueError, KeyError) as e:
+        return {}, info, f"microllm bench: {type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_microllm(args, tests):
-    """Runs microllm bench; returns (results, info, error)."""
+    """microllm bench once per kind of test (prefill, decode, workload), so that one that fails or runs out of
+    time (--microllm-timeout for all of them) costs only its rows; returns (results, info, error)."""
     if args.microllm_json:
         with open(args.microllm_json) as f:
             results, info = parse_microllm_json(json.load(f))
@@ -131,28 +158,21 @@ def run_microllm(args, tests):
         return results, info, None
     if not args.microllm:
         return {}, {"command": ""}, "no --microllm given"
-    work = pathlib.Path(tempfile.mkdtemp(prefix="infer-bench-"))
-    json_path = work / "microllm.json"
-    command = microllm_command(args, tests, json_path)
-    print("$", shlex.join(command), file=sys.stderr, flush=True)
-    info = {"command": shlex.join(command)}
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=args.microllm_timeout)
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        if proc.returncode != 0:
-            return {}, info, (f"microllm bench exited with {proc.returncode}: "
-                              f"{(proc.stderr.strip() or proc.stdout.strip())[-1500:]}")
-        with open(json_path) as f:
-            results, parsed = parse_microllm_json(json.load(f))
-        info.update(parsed)
-        info["command"] = shlex.join(command)
-        return results, info, None
-    except subprocess.TimeoutExpired:
-        return {}, info, f"microllm bench did not finish in {args.microllm_timeout} s"
-    except (OSError, ValueError, KeyError) as e:
-        return {}, info, f"microllm bench: {type(e).__name__}: {e}"
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    deadline = time.monotonic() + args.microllm_timeout
+    results, info, commands, errors = {}, {"skipped": []}, [], []
+    for kind in ("prefill", "decode", "workload"):
+        group = [t for t in tests if t.kind == kind]
+        if not group:
+            continue
+        r, i, e = run_microllm_once(args, group, deadline)
+        results.update(r)
+        commands.append(i.get("command", ""))
+        info["gpu"] = info.get("gpu") or i.get("gpu", "")
+        info["skipped"] += i.get("skipped", [])
+        if e:
+            errors.append(f"{kind}: {' / '.join(e.splitlines())}")
+    info["command"] = " ; ".join(commands)
+    return results, info, "\n".join(errors) or None
 
 
 # ---- transformers ----
@@ -332,8 +352,8 @@ def render(args, tests, ours, ours_info, ours_error, theirs, theirs_errors, thei
         met_count = sum(1 for _, _, m in verdicts if m == "yes")
         lines.append(f"Targets met: {met_count} of {len(verdicts)}"
                      + "".join(f"; {v[0].name} B{v[0].batch} {v[1]}: {v[2]}" for v in verdicts) + ".")
-    if ours_error:
-        lines.append(f"microLLM error: {ours_error}")
+    for error in (ours_error or "").splitlines():
+        lines.append(f"microLLM error: {error}")
     for skipped in ours_info.get("skipped", []) or []:
         lines.append(f"microLLM skipped {skipped.get('test')} batch {skipped.get('batch')}: {skipped.get('reason')}")
     if theirs_error:
@@ -394,7 +414,8 @@ def main():
     parser.add_argument("--workload", default="2048:2:64", help="PROMPT:BATCH:NEW_TOKENS end to end (none: off)")
     parser.add_argument("--hf-decode", choices=["generate", "loop"], default="generate",
                         help="transformers decode: model.generate (default, as BASELINES.md) or a manual loop")
-    parser.add_argument("--microllm-timeout", type=float, default=300.0, help="seconds for microllm bench")
+    parser.add_argument("--microllm-timeout", type=float, default=300.0,
+                        help="seconds for the microllm bench runs together (one per kind of test)")
     parser.add_argument("--skip-transformers", action="store_true", help="only microllm bench")
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--json", help="also write every figure as JSON to this file")

@@ -14,8 +14,8 @@
 #   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
-#   infer            infer-bench then infer-serve (about 8-10 min together: near the device tool's 10-min limit
-#                    for one call, so give them one call each when in doubt):
+#   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
+#                    bounded by its timeouts, so give them one device call each when in doubt):
 #   infer-bench      benchmarks/inference_vs_transformers.py, microllm bench vs transformers (pp512, pp2048,
 #                    tg128 at B1/8/32, the 2048:2:64 workload) on the Qwen2.5-0.5B and DeepSeek-1.5B configs
 #                    (INFER_REPS, default 3)
