@@ -35,6 +35,7 @@ import pathlib
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -164,7 +165,11 @@ def run_microllm(args, tests):
         group = [t for t in tests if t.kind == kind]
         if not group:
             continue
-        r, i, e = run_microllm_once(args, group, deadline)
+        try:
+            r, i, e = run_microllm_once(args, group, deadline)
+        except KeyboardInterrupt:
+            errors.append(f"{kind}: interrupted (SIGINT or SIGTERM)")
+            break
         results.update(r)
         commands.append(i.get("command", ""))
         info["gpu"] = info.get("gpu") or i.get("gpu", "")
@@ -258,7 +263,7 @@ def run_transformers(args, tests):
         model, _ = build_transformers_model(args)
         torch.cuda.synchronize()
         info["build_seconds"] = time.perf_counter() - start
-    except Exception as e:  # noqa: BLE001 - the microLLM side is still reported
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the microLLM side is still reported
         return results, errors, info, f"transformers setup failed: {type(e).__name__}: {e}"
     generator = torch.Generator().manual_seed(args.seed + 1)
     with torch.inference_mode():
@@ -278,6 +283,10 @@ def run_transformers(args, tests):
             except Exception as e:  # noqa: BLE001 - one failing test (OOM, ...) does not stop the others
                 errors[test.key] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"transformers {label}: {errors[test.key]}", file=sys.stderr, flush=True)
+            except KeyboardInterrupt:
+                errors[test.key] = "interrupted (SIGINT or SIGTERM): this and later tests not measured"
+                print(f"transformers {label}: {errors[test.key]}", file=sys.stderr, flush=True)
+                break
             torch.cuda.empty_cache()
     del model
     torch.cuda.empty_cache()
@@ -396,6 +405,10 @@ def self_check():
     assert Test("workload", 2, 2048, 64).tokens == 128 and Test("prefill", 1, 512, 0).tokens == 512
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -427,6 +440,8 @@ def main():
     if not os.path.exists(args.config):
         parser.error(f"--config {args.config}: no such file")
     tests = make_tests(args)
+    # SIGTERM (`timeout`) ends the measurements as Ctrl-C does; what was measured is still printed and written.
+    signal.signal(signal.SIGTERM, interrupted)
 
     theirs, theirs_errors, theirs_info, theirs_error = {}, {}, {}, None
     if args.dry_run:
