@@ -353,7 +353,9 @@ def render(args, tests, ours, ours_info, ours_error, theirs, theirs_errors, thei
             target, met = judge(targets[test.key], om, tm)
             verdicts.append((test, target, met))
         o_range = f"{fmt(o['min'])}-{fmt(o['max'])}" if o else "-"
-        t_range = f"{fmt(t['min'])}-{fmt(t['max'])} ({t['reps']} reps)" if t else "-"
+        t_range = "-"
+        if t:
+            t_range = f"{fmt(t['min'])}-{fmt(t['max'])} ({t['reps']} rep{'s' if t['reps'] != 1 else ''})"
         lines.append(f"| {test.name} | {test.batch} | {fmt(om)} | {fmt(tm)} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} | {target} | {met} | {o_range} | {t_range} |")
     lines.append("")
