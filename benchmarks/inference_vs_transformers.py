@@ -416,7 +416,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--microllm", help="the microllm executable (build/cuda-release/apps/microllm)")
     parser.add_argument("--microllm-json", help="read an existing `microllm bench --json` file instead of running it")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"a Hugging Face config.json (default {DEFAULT_CONFIG})")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help=f"a Hugging Face config.json (default {DEFAULT_CONFIG})")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     parser.add_argument("--seed", type=int, default=0)

@@ -9,8 +9,8 @@ until `data: [DONE]`. A request started before the deadline runs to its end; non
 Reported (markdown table, --json FILE too): requests completed, errors (a status other than 200, a malformed
 event, an error object in the stream, a missing [DONE], a finish_reason other than OpenAI's such as
 "cancelled", a connection error or timeout: the first few are printed), generated tokens/s over the wall
-time (tokens from the `usage` of the final chunk; counted as content chunks when a server sends no usage), time to first token (from sending the request to the first
-chunk with text) p50/p95/max, the gaps between content chunks (inter-token latency when each chunk carries
+time (tokens from the `usage` of the final chunk; counted as content chunks when a server sends no usage),
+time to first token (from sending the request to the first chunk with text) p50/p95/max, the gaps between content chunks (inter-token latency when each chunk carries
 one token; a server may put several tokens in a chunk, see chunks/token) p50/p95, and the time per output
 token of each request after its first ((last - first chunk) / (tokens - 1)) p50/p95. With microllm serve also
 the mean batch size from /metrics. Exit code 1 if any request failed (or none completed).

@@ -161,7 +161,7 @@ step_infer_bench() {
 
 # microllm serve needs a model directory: random weights from transformers (bf16) and a real tokenizer.
 step_infer_serve() {
-  local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64}
+  local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64} server
   if [ ! -d data/tokenizers/qwen3 ] && [ -f .device/tokenizers.tar.xz ]; then
     mkdir -p data && tar xJf .device/tokenizers.tar.xz -C data
   fi
@@ -169,8 +169,9 @@ step_infer_serve() {
   timeout 200 python3 tools/gpu/random_model_dir.py --config tests/fixtures/configs/qwen2.5-0.5b.json \
     "${tokenizer[@]}" --out "$model" > "$RES/logs/serve_model.log" 2>&1
   echo "== random-weight Qwen2.5-0.5B directory for serve: exit $?"; tail -3 "$RES/logs/serve_model.log"
-  timeout $((${SERVE_SECONDS:-60} + 240)) python3 benchmarks/serve_load.py \
-    --spawn "$bin/microllm serve --model $model --port 0 --device cuda --dtype bf16 --max-batch ${SERVE_MAX_BATCH:-64} --http-threads $((clients + 16))" \
+  server="$bin/microllm serve --model $model --port 0 --device cuda --dtype bf16 --max-batch ${SERVE_MAX_BATCH:-64}"
+  server+=" --http-threads $((clients + 16))"  # a streaming request holds an HTTP thread until it ends
+  timeout $((${SERVE_SECONDS:-60} + 240)) python3 benchmarks/serve_load.py --spawn "$server" \
     --server-log "$RES/logs/serve.log" --startup-timeout 120 --clients "$clients" --duration "${SERVE_SECONDS:-60}" \
     --max-tokens 64 --out "$RES/serve_load.md" --json "$RES/serve_load.json" > "$RES/logs/serve_load.log" 2>&1
   echo "== serve load (microllm serve, cuda): exit $?"
