@@ -14,6 +14,15 @@
 #   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
+#   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
+#                    bounded by its timeouts, so give them one device call each when in doubt):
+#   infer-bench      benchmarks/inference_vs_transformers.py, microllm bench vs transformers (pp512, pp2048,
+#                    tg128 at B1/8/32, the 2048:2:64 workload) on the Qwen2.5-0.5B and DeepSeek-1.5B configs
+#                    (INFER_REPS, default 3)
+#   infer-serve      microllm serve --device cuda on a random-weight Qwen2.5-0.5B directory
+#                    (tools/gpu/random_model_dir.py, Qwen3's tokenizer from .device/tokenizers.tar.xz) under
+#                    benchmarks/serve_load.py: SERVE_CLIENTS (64) streaming clients for SERVE_SECONDS (60),
+#                    --max-batch SERVE_MAX_BATCH (64)
 # Results land in $OUT/results.tgz, rewritten after every step (the device tool returns few files, and a
 # call cut short by its time limit still returns what finished).
 set -uo pipefail
@@ -26,7 +35,7 @@ mkdir -p "$OUT" "$RES/logs" "$RES/fixtures"
 bin=.device/bin
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] || [ "${steps[0]}" = all ] &&
-  steps=(tests sanitize bench oracle parity allreduce train-throughput train-kjv train-austen)
+  steps=(tests sanitize bench oracle parity allreduce train-throughput infer train-kjv train-austen)
 save_results() { tar czf "$OUT/results.tgz.tmp" -C "$RES" . && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$RES/logs/gpu.txt" 2>&1
@@ -138,6 +147,38 @@ step_train_corpora() {
   done
 }
 
+step_infer_bench() {
+  local config
+  for config in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+    timeout 300 python3 benchmarks/inference_vs_transformers.py --microllm "$bin/microllm" \
+      --config "tests/fixtures/configs/$config.json" --reps "${INFER_REPS:-3}" --microllm-timeout 200 \
+      --out "$RES/infer_$config.md" --json "$RES/infer_$config.json" > "$RES/logs/infer_$config.log" 2>&1
+    echo "== inference vs transformers, $config: exit $?"
+    cat "$RES/infer_$config.md" 2>/dev/null || tail -30 "$RES/logs/infer_$config.log"
+    save_results
+  done
+}
+
+# microllm serve needs a model directory: random weights from transformers (bf16) and a real tokenizer.
+step_infer_serve() {
+  local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64} server
+  if [ ! -d data/tokenizers/qwen3 ] && [ -f .device/tokenizers.tar.xz ]; then
+    mkdir -p data && tar xJf .device/tokenizers.tar.xz -C data
+  fi
+  [ -f data/tokenizers/qwen3/tokenizer.json ] && tokenizer=(--tokenizer data/tokenizers/qwen3)
+  timeout 200 python3 tools/gpu/random_model_dir.py --config tests/fixtures/configs/qwen2.5-0.5b.json \
+    "${tokenizer[@]}" --out "$model" > "$RES/logs/serve_model.log" 2>&1
+  echo "== random-weight Qwen2.5-0.5B directory for serve: exit $?"; tail -3 "$RES/logs/serve_model.log"
+  server="$bin/microllm serve --model $model --port 0 --device cuda --dtype bf16 --max-batch ${SERVE_MAX_BATCH:-64}"
+  server+=" --http-threads $((clients + 16))"  # a streaming request holds an HTTP thread until it ends
+  timeout $((${SERVE_SECONDS:-60} + 240)) python3 benchmarks/serve_load.py --spawn "$server" \
+    --server-log "$RES/logs/serve.log" --startup-timeout 120 --clients "$clients" --duration "${SERVE_SECONDS:-60}" \
+    --max-tokens 64 --out "$RES/serve_load.md" --json "$RES/serve_load.json" > "$RES/logs/serve_load.log" 2>&1
+  echo "== serve load (microllm serve, cuda): exit $?"
+  cat "$RES/serve_load.md" 2>/dev/null || tail -30 "$RES/logs/serve_load.log"
+  tail -5 "$RES/logs/serve.log"
+}
+
 corpora=()
 for step in "${steps[@]}"; do
   case "$step" in
@@ -158,6 +199,9 @@ for step in "${steps[@]}"; do
     allreduce) step_allreduce ;;
     parity) step_parity ;;
     train-throughput) step_train_throughput ;;
+    infer) step_infer_bench; save_results; step_infer_serve ;;
+    infer-bench) step_infer_bench ;;
+    infer-serve) step_infer_serve ;;
     train-kjv | train-austen)
       [ $trained -eq 1 ] && continue
       trained=1
