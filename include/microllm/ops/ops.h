@@ -10,4 +10,5 @@
 #include "microllm/ops/norm.h"
 #include "microllm/ops/reduce.h"
 #include "microllm/ops/rope.h"
+#include "microllm/ops/sampling.h"
 #include "microllm/ops/softmax.h"
