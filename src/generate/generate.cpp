@@ -1,10 +1,10 @@
 #include "microllm/generate/generate.h"
 
 #include <algorithm>
-#include <span>
 
 #include "microllm/autograd/variable.h"
-#include "microllm/ops/reduce.h"
+#include "../backend/sampling_math.h"
+#include "microllm/ops/sampling.h"
 
 namespace microllm::generate {
 
@@ -21,16 +21,41 @@ const char* finish_reason_name(FinishReason reason) {
 
 namespace {
 
-// Greedy decoding without penalties needs only each row's first maximum, the sampler's greedy choice:
-// taken on the logits' device, so one id per sequence crosses to the host instead of a vocabulary row.
-// Empty when the sampling parameters need the whole row on the host.
-std::vector<int32_t> device_argmax(const Tensor& logits, const SamplingParams& p) {  // logits [B, T, vocab]
-  const bool plain_greedy =
-      p.temperature == 0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0;
-  if (!plain_greedy) return {};
-  const std::vector<int64_t> ids = argmax(logits.select(1, logits.size(1) - 1), -1).to_vector<int64_t>();
-  return std::vector<int32_t>(ids.begin(), ids.end());
-}
+// The sampler state of a call, on the model's device: one row per sequence, sequence b seeded seed + b, counts
+// from the prompts only when a penalty is on. Built once; each step then samples on the device and only the
+// B chosen ids come back to the host.
+class DeviceSampler {
+ public:
+  DeviceSampler(const SamplingParams& params, const std::vector<std::vector<int32_t>>& prompts, int64_t vocab,
+                Device device) {
+    static_cast<void>(Sampler(params));  // validates the parameters, with the sampler's messages
+    const std::vector<float> row = params.row();
+    std::vector<float> rows_params;
+    std::vector<int64_t> seeds;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      rows_params.insert(rows_params.end(), row.begin(), row.end());
+      seeds.push_back(static_cast<int64_t>(params.seed + b));
+    }
+    const bool penalized = sampling::row_params(row.data(), 1).penalized();
+    rows_ = make_sampler_rows(rows_params, seeds, vocab, penalized ? prompts : std::vector<std::vector<int32_t>>{},
+                              device);
+    ids_ = Tensor::empty({static_cast<int64_t>(prompts.size())}, DType::i32, device);
+  }
+
+  // The next id of every sequence from logits [B, T, vocab] (the last position). The host waits here, once
+  // per step, for B ids.
+  std::vector<int32_t> next(const Tensor& logits) {
+    Tensor last = logits.select(1, logits.size(1) - 1);
+    if (last.dtype() != DType::f32 && last.dtype() != DType::bf16 && last.dtype() != DType::f16)
+      last = last.to(DType::f32);
+    sample_tokens(last, rows_, ids_);
+    return ids_.to_vector<int32_t>();
+  }
+
+ private:
+  SamplerRows rows_;
+  Tensor ids_;
+};
 
 bool is_stop_id(const GenerateOptions& options, int32_t token) {
   return std::find(options.stop_ids.begin(), options.stop_ids.end(), int64_t{token}) != options.stop_ids.end();
@@ -64,21 +89,15 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
   nn::ForwardContext ctx;
   ctx.compute_dtype = options.compute_dtype;
   ctx.cache = &cache;
-  Sampler sampler(options.sampling);
-  std::vector<int32_t> history = prompt, generated;
+  DeviceSampler sampler(options.sampling, {prompt}, config.vocab_size, device);
+  std::vector<int32_t> generated;
   std::vector<int64_t> step_ids(prompt.begin(), prompt.end());
   while (static_cast<int64_t>(generated.size()) < options.max_new_tokens &&
          cache.length() + static_cast<int64_t>(step_ids.size()) <= capacity) {
     const Tensor ids = Tensor::from_vector(step_ids, {1, static_cast<int64_t>(step_ids.size())}, device);
     const Tensor logits = model.forward(ids, ctx).value();  // [1, T, vocab]
-    // The host waits here, once per token, for one id (greedy) or the last row of logits.
-    const std::vector<int32_t> greedy = device_argmax(logits, options.sampling);
-    const int32_t token =
-        !greedy.empty()
-            ? greedy[0]
-            : sampler.sample(logits.select(1, logits.size(1) - 1).reshape({-1}).to_vector<float>(), history);
+    const int32_t token = sampler.next(logits)[0];
     generated.push_back(token);
-    history.push_back(token);
     if (on_token && !on_token(token)) break;
     if (is_stop_id(options, token)) break;
     step_ids.assign(1, token);
@@ -156,14 +175,7 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
   ctx.compute_dtype = options.compute_dtype;
   ctx.cache = &cache;
 
-  std::vector<Sampler> samplers;
-  samplers.reserve(batch);
-  std::vector<std::vector<int32_t>> history(prompts);
-  for (size_t b = 0; b < batch; ++b) {
-    SamplingParams params = options.sampling;
-    params.seed = options.sampling.seed + b;
-    samplers.emplace_back(params);
-  }
+  DeviceSampler sampler(options.sampling, prompts, config.vocab_size, device);
   std::vector<bool> active(batch, true);
   size_t remaining = batch;
 
@@ -183,18 +195,13 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
 
   // Samples the next token of every active sequence from logits [B, T, vocab] (the last row).
   auto sample_step = [&](const Tensor& logits) {
-    const std::vector<int32_t> greedy = device_argmax(logits, options.sampling);
-    const std::vector<float> last =
-        greedy.empty() ? logits.select(1, logits.size(1) - 1).contiguous().to_vector<float>() : std::vector<float>();
-    const auto vocab = static_cast<size_t>(config.vocab_size);
+    // Finished sequences are sampled too (their state is never read again); their ids are ignored.
+    const std::vector<int32_t> tokens = sampler.next(logits);
     for (size_t b = 0; b < batch; ++b) {
       if (!active[b]) continue;
-      const int32_t token =
-          !greedy.empty() ? greedy[b]
-                          : samplers[b].sample(std::span<const float>(last.data() + b * vocab, vocab), history[b]);
+      const int32_t token = tokens[b];
       Generation& g = out[b];
       g.tokens.push_back(token);
-      history[b].push_back(token);
       const auto generated = static_cast<int64_t>(g.tokens.size());
       bool done = true;
       if (on_token && !on_token(b, token)) {

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <numeric>
 #include <vector>
 
+#include "../backend/sampling_math.h"
 #include "microllm/core/error.h"
 
 namespace microllm::generate {
@@ -22,61 +21,36 @@ Sampler::Sampler(SamplingParams params) : params_(params), gen_(params.seed) {
                  params_.repetition_penalty);
 }
 
+std::vector<float> SamplingParams::row() const {
+  std::vector<float> r(sampling::kParamCount, 0.0f);
+  r[sampling::kTemperature] = static_cast<float>(temperature);
+  // top_k beyond 2^24 is not exact in f32, but any k at least the vocabulary means "off" anyway.
+  r[sampling::kTopK] = static_cast<float>(std::min<int64_t>(top_k, int64_t{1} << 24));
+  r[sampling::kTopP] = static_cast<float>(top_p);
+  r[sampling::kMinP] = static_cast<float>(min_p);
+  r[sampling::kRepetitionPenalty] = static_cast<float>(repetition_penalty);
+  r[sampling::kPresencePenalty] = static_cast<float>(presence_penalty);
+  r[sampling::kFrequencyPenalty] = static_cast<float>(frequency_penalty);
+  return r;
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const auto vocab = static_cast<int64_t>(logits.size());
   MICROLLM_CHECK(vocab > 0, ValueError, "sampler", "empty logits");
-  std::vector<double> x(logits.begin(), logits.end());
-  if (params_.repetition_penalty != 1.0 || params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
-    std::vector<int64_t> count(static_cast<size_t>(vocab), 0);
+  const std::vector<float> row = params_.row();
+  const sampling::RowParams p = sampling::row_params(row.data(), 1);
+  std::vector<int32_t> counts;
+  if (p.penalized()) {
+    counts.assign(static_cast<size_t>(vocab), 0);
     for (int32_t id : history) {
-      if (id >= 0 && id < vocab) ++count[static_cast<size_t>(id)];
-    }
-    for (int64_t v = 0; v < vocab; ++v) {
-      const int64_t n = count[static_cast<size_t>(v)];
-      if (n == 0) continue;
-      double& l = x[static_cast<size_t>(v)];
-      l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
-      l -= params_.presence_penalty + params_.frequency_penalty * static_cast<double>(n);
+      if (id >= 0 && id < vocab) ++counts[static_cast<size_t>(id)];
     }
   }
-  if (params_.temperature == 0) {  // greedy: the first maximum
-    return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
-  }
-  // Candidates sorted by logit (ties: lower id first), then truncated by top-k, min-p and top-p.
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return x[static_cast<size_t>(a)] > x[static_cast<size_t>(b)]; });
-  size_t keep = order.size();
-  if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
-  const double max_logit = x[static_cast<size_t>(order[0])] / params_.temperature;
-  std::vector<double> p(keep);
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp(x[static_cast<size_t>(order[i])] / params_.temperature - max_logit);
-    total += p[i];
-  }
-  for (double& v : p) v /= total;
-  if (params_.min_p > 0) {  // p[0] is the largest
-    size_t k = 1;
-    while (k < keep && p[k] >= params_.min_p * p[0]) ++k;
-    keep = k;
-  }
-  if (params_.top_p < 1) {  // the smallest prefix whose mass reaches top_p
-    double mass = 0;
-    size_t k = 0;
-    while (k < keep && mass < params_.top_p) mass += p[k++];
-    keep = std::max<size_t>(k, 1);
-  }
-  double kept_mass = 0;
-  for (size_t i = 0; i < keep; ++i) kept_mass += p[i];
-  const double u = gen_.next_uniform() * kept_mass;
-  double cumulative = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    cumulative += p[i];
-    if (u < cumulative) return order[i];
-  }
-  return order[keep - 1];
+  // One draw per call, greedy or not, as sample_tokens advances a row's offset once per call.
+  const float u = sampling::draw_uniform(gen_.seed(), gen_.reserve(1));
+  std::vector<float> x(logits.begin(), logits.end());
+  std::vector<uint64_t> keys;
+  return sampling::sample_row(x, counts.empty() ? nullptr : counts.data(), 1, p, u, keys);
 }
 
 }  // namespace microllm::generate

@@ -133,6 +133,14 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                       const Tensor& grad_loss, const Tensor& grad_logits) = 0;
 
+  // ---- sampling (sampling.*) ----
+  // The next token of every row of logits [B, V] (f32/bf16/f16, any strides) by the rule of
+  // src/backend/sampling_math.h: params f32 [B, 8], rng i64 [B, 2] (seed, offset), counts i32 [B, V] or
+  // undefined (no penalties); out i32 [B]. Updates the state on the device: offset += 1 and, when counts is
+  // defined, counts[b, out[b]] += 1. Any strides for every tensor (narrowed views of bigger state).
+  virtual void sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
+                             const Tensor& out) = 0;
+
   // ---- optimizers (optim.*) ----
   // Multi-tensor steps: lists with one entry per parameter, every tensor contiguous, entry i of each list
   // of params[i]'s numel. params and grads are f32; moments f32 or bf16 (all moments of a call share a

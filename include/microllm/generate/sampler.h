@@ -1,10 +1,13 @@
 // Choosing the next token from a row of logits: greedy, or sampling with temperature, top-k, top-p
 // (nucleus), min-p, and repetition / presence / frequency penalties, from a seeded Philox generator (the same seed
-// gives the same text). Runs on the host over one f32 row.
+// gives the same text). Runs on the host over one f32 row, by the same rule as the sample_tokens op
+// (ops/sampling.h) runs on any device: call k of a Sampler returns what sample_tokens returns for a row with
+// the same parameters (rounded to f32), the same counts and rng (seed, k).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "microllm/core/random.h"
 
@@ -19,12 +22,16 @@ struct SamplingParams {
   double presence_penalty = 0.0;    // OpenAI's: subtracted once from the logit of every token seen
   double frequency_penalty = 0.0;   // OpenAI's: subtracted once per occurrence
   uint64_t seed = 0;
+
+  // The parameters as one f32 row of SamplerRows::params (ops/sampling.h).
+  std::vector<float> row() const;
 };
 
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
-  // The next token from logits[vocab]; `history` (prompt and generated ids) feeds the repetition penalty.
+  // The next token from logits[vocab]; `history` (prompt and generated ids) feeds the penalties. Every call
+  // takes the next counter of the generator (greedy calls too).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   const SamplingParams& params() const { return params_; }
   Generator& generator() { return gen_; }

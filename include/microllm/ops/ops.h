@@ -11,4 +11,5 @@
 #include "microllm/ops/paged_attention.h"
 #include "microllm/ops/reduce.h"
 #include "microllm/ops/rope.h"
+#include "microllm/ops/sampling.h"
 #include "microllm/ops/softmax.h"

@@ -59,6 +59,9 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;
 
+  void sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
+                     const Tensor& out) override;
+
   void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                   const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                   const std::vector<double>& weight_decay, const Tensor& grad_scale, const AdamWStep& step) override;

@@ -1,0 +1,41 @@
+// The CPU sampling kernel: each row through sampling::sample_row, the reference that the host Sampler uses
+// too, then the row's state updated (offset + 1, counts + 1 at the chosen id). Rows run in parallel.
+#include <vector>
+
+#include "../sampling_math.h"
+#include "cpu_backend.h"
+#include "dispatch.h"
+
+namespace microllm {
+
+void CpuBackend::sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
+                               const Tensor& out) {
+  cpu::visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
+    const T* src = static_cast<const T*>(logits.data_ptr());
+    const auto* param = static_cast<const float*>(params.data_ptr());
+    auto* state = static_cast<int64_t*>(rng.data_ptr());
+    int32_t* count = counts.defined() ? static_cast<int32_t*>(counts.data_ptr()) : nullptr;
+    auto* ids = static_cast<int32_t*>(out.data_ptr());
+    const int64_t vocab = logits.size(1);
+    detail::parallel_for(0, logits.size(0), 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> x(static_cast<size_t>(vocab));
+      std::vector<uint64_t> keys;
+      for (int64_t b = lo; b < hi; ++b) {
+        const T* row = src + b * logits.stride(0);
+        for (int64_t v = 0; v < vocab; ++v) x[static_cast<size_t>(v)] = static_cast<float>(cpu::load(row + v * logits.stride(1)));
+        const sampling::RowParams p = sampling::row_params(param + b * params.stride(0), params.stride(1));
+        int64_t* seed = state + b * rng.stride(0);
+        int64_t* offset = seed + rng.stride(1);
+        const float u = sampling::draw_uniform(static_cast<uint64_t>(*seed), static_cast<uint64_t>(*offset));
+        int32_t* row_counts = count != nullptr ? count + b * counts.stride(0) : nullptr;
+        const int64_t counts_stride = count != nullptr ? counts.stride(1) : 0;
+        const int32_t id = sampling::sample_row(x, p.penalized() ? row_counts : nullptr, counts_stride, p, u, keys);
+        ids[b * out.stride(0)] = id;
+        *offset += 1;
+        if (row_counts != nullptr) row_counts[id * counts_stride] += 1;
+      }
+    });
+  });
+}
+
+}  // namespace microllm

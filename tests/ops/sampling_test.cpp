@@ -1,0 +1,366 @@
+// sample_tokens: the CPU kernel against generate::Sampler row by row (one reference: sampling_math.h), the
+// state it advances, strided and narrowed views, a chi-square check of the draws against the softmax, the
+// truncations never returning an excluded id, CUDA against the CPU (identical ids, no host transfer), and
+// the argument checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/sampling_math.h"
+#include "microllm/core/cuda.h"
+#include "microllm/core/random.h"
+#include "microllm/generate/sampler.h"
+#include "microllm/ops/sampling.h"
+#include "test_support.h"
+
+namespace microllm {
+namespace {
+
+using generate::Sampler;
+using generate::SamplingParams;
+
+// A mix of every kind of row: greedy, plain temperature, top-k, top-p, min-p, penalties, and combinations.
+SamplingParams row_kind(int64_t b, Generator& gen) {
+  SamplingParams p;
+  const double t = 0.3 + 1.5 * gen.next_uniform();
+  switch (b % 9) {
+    case 0: p.temperature = 0; break;
+    case 1: p.temperature = t; break;
+    case 2: p.temperature = t, p.top_k = 1 + static_cast<int64_t>(gen.next_below(40)); break;
+    case 3: p.temperature = t, p.top_p = 0.05 + 0.9 * gen.next_uniform(); break;
+    case 4: p.temperature = t, p.min_p = 0.01 + 0.5 * gen.next_uniform(); break;
+    case 5: p.temperature = 0, p.repetition_penalty = 1.3, p.frequency_penalty = 0.2; break;
+    case 6: p.temperature = t, p.repetition_penalty = 0.7, p.presence_penalty = 0.5; break;
+    case 7:
+      p.temperature = t, p.top_k = 50, p.top_p = 0.9, p.min_p = 0.05, p.repetition_penalty = 1.1;
+      p.frequency_penalty = 0.1;
+      break;
+    default: p.temperature = t, p.top_k = 1000000, p.top_p = 0.999; break;
+  }
+  return p;
+}
+
+// Everything a test needs to run the op and the Sampler side by side.
+struct Batch {
+  std::vector<SamplingParams> params;
+  std::vector<std::vector<int32_t>> histories;  // ids whose counts start the rows' counts
+  std::vector<int64_t> seeds, offsets;
+};
+
+Batch random_batch(int64_t batch, int64_t vocab, uint64_t seed) {
+  Generator gen(seed);
+  Batch out;
+  for (int64_t b = 0; b < batch; ++b) {
+    out.params.push_back(row_kind(b, gen));
+    std::vector<int32_t> history;
+    const auto length = static_cast<int>(gen.next_below(30));
+    for (int i = 0; i < length; ++i) history.push_back(static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(vocab))));
+    out.histories.push_back(history);
+    out.seeds.push_back(static_cast<int64_t>(gen.next_u64() >> 1));
+    out.offsets.push_back(static_cast<int64_t>(gen.next_below(1000)));
+  }
+  return out;
+}
+
+SamplerRows rows_of(const Batch& batch, int64_t vocab, Device device, bool with_counts = true) {
+  std::vector<float> params;
+  for (const SamplingParams& p : batch.params) {
+    const std::vector<float> row = p.row();
+    params.insert(params.end(), row.begin(), row.end());
+  }
+  SamplerRows rows = make_sampler_rows(params, batch.seeds, vocab,
+                                       with_counts ? batch.histories : std::vector<std::vector<int32_t>>{}, device);
+  std::vector<int64_t> rng;
+  for (size_t b = 0; b < batch.seeds.size(); ++b) {
+    rng.push_back(batch.seeds[b]);
+    rng.push_back(batch.offsets[b]);
+  }
+  rows.rng = Tensor::from_vector(rng, {static_cast<int64_t>(batch.seeds.size()), 2}, device);
+  return rows;
+}
+
+// The ids Sampler::sample gives each row of logits [B, V] (advancing the samplers and histories).
+std::vector<int32_t> sampler_ids(const Tensor& logits, std::vector<Sampler>& samplers,
+                                 std::vector<std::vector<int32_t>>& histories) {
+  const std::vector<float> values = logits.to(DType::f32).contiguous().to_vector<float>();
+  const auto vocab = static_cast<size_t>(logits.size(1));
+  std::vector<int32_t> ids;
+  for (size_t b = 0; b < samplers.size(); ++b) {
+    const int32_t id =
+        samplers[b].sample(std::span<const float>(values.data() + b * vocab, vocab), histories[b]);
+    histories[b].push_back(id);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::vector<Sampler> samplers_of(const Batch& batch) {
+  std::vector<Sampler> samplers;
+  for (size_t b = 0; b < batch.params.size(); ++b) {
+    SamplingParams p = batch.params[b];
+    p.seed = static_cast<uint64_t>(batch.seeds[b]);
+    samplers.emplace_back(p);
+    samplers.back().generator().set_state(p.seed, static_cast<uint64_t>(batch.offsets[b]));
+  }
+  return samplers;
+}
+
+TEST(Sampling, UniformIsPhiloxFirstWordIn24Bits) {
+  Generator gen(testing::fresh_seed());
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t seed = gen.next_u64(), offset = gen.next_u64() >> (i % 64);
+    EXPECT_EQ(sampling::draw_uniform(seed, offset), uniform_from_bits(philox4x32(seed, 0, offset)[0]));
+  }
+}
+
+TEST(Sampling, WeightsFollowExp) {
+  EXPECT_EQ(sampling::weight_of_exponent(0.0f), sampling::kMaxWeight);
+  EXPECT_EQ(sampling::weight_of_exponent(-21.5f), 0u);
+  EXPECT_GE(sampling::weight_of_exponent(sampling::kMinExponent), 1u);
+  for (float z = -21.0f; z < 0; z += 0.01f) {
+    const double exact = std::ldexp(std::exp(static_cast<double>(z)), 31);
+    EXPECT_NEAR(sampling::weight_of_exponent(z), exact, 1e-6 * exact + 1) << z;
+  }
+}
+
+TEST(Sampling, CpuKernelEqualsTheSamplerRowByRowAndAdvancesTheState) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t batch = 27, vocab = 1000, steps = 4;
+    const Batch setup = random_batch(batch, vocab, testing::fresh_seed());
+    SamplerRows rows = rows_of(setup, vocab, Device::cpu());
+    std::vector<Sampler> samplers = samplers_of(setup);
+    std::vector<std::vector<int32_t>> histories = setup.histories;
+    for (int64_t step = 0; step < steps; ++step) {
+      const Tensor logits = testing::random_tensor({batch, vocab}, dtype, Device::cpu(), -6, 6);
+      const Tensor counts_before = rows.counts.clone();
+      const std::vector<int64_t> rng_before = rows.rng.to_vector<int64_t>();
+      const Tensor out = Tensor::full({batch}, -1, DType::i32);
+      sample_tokens(logits, rows, out);
+      const std::vector<int32_t> got = out.to_vector<int32_t>();
+      EXPECT_EQ(got, sampler_ids(logits, samplers, histories)) << "step " << step;
+      const std::vector<int64_t> rng_after = rows.rng.to_vector<int64_t>();
+      const std::vector<int32_t> before = counts_before.to_vector<int32_t>(), after = rows.counts.to_vector<int32_t>();
+      for (int64_t b = 0; b < batch; ++b) {
+        EXPECT_EQ(rng_after[2 * b], rng_before[2 * b]) << "the seed of row " << b << " changed";
+        EXPECT_EQ(rng_after[2 * b + 1], rng_before[2 * b + 1] + 1) << "row " << b;
+        for (int64_t v = 0; v < vocab; ++v) {
+          const size_t at = static_cast<size_t>(b * vocab + v);
+          EXPECT_EQ(after[at], before[at] + (v == got[b] ? 1 : 0)) << "row " << b << " id " << v;
+        }
+      }
+    }
+  }
+}
+
+TEST(Sampling, StridedLogitsAndNarrowedStateGiveTheContiguousResult) {
+  const int64_t max_batch = 12, batch = 7, steps = 3, vocab = 301;
+  const Batch setup = random_batch(max_batch, vocab, testing::fresh_seed());
+  const SamplerRows full = rows_of(setup, vocab, Device::cpu());
+  // The same state twice: as narrowed views of the max_batch tensors, and as contiguous [batch] copies.
+  SamplerRows narrowed{full.params.narrow(0, 0, batch), full.rng.narrow(0, 0, batch), full.counts.narrow(0, 0, batch)};
+  SamplerRows compact{narrowed.params.clone(), narrowed.rng.clone(), narrowed.counts.clone()};
+  for (int64_t step = 0; step < steps; ++step) {
+    const Tensor sequence_logits = testing::random_tensor({batch, 5, vocab}, DType::f32, Device::cpu(), -4, 4);
+    const Tensor last = sequence_logits.select(1, 4);  // row stride 5 * vocab
+    const Tensor transposed = testing::random_tensor({vocab, batch}, DType::f32, Device::cpu(), -4, 4).t();
+    for (const Tensor& logits : {last, transposed}) {
+      const Tensor wide_out = Tensor::full({batch, 2}, -1, DType::i32);
+      sample_tokens(logits, narrowed, wide_out.select(1, 1));  // a strided output
+      const Tensor expected = sample_tokens(logits.contiguous(), compact);
+      EXPECT_EQ(wide_out.select(1, 1).to_vector<int32_t>(), expected.to_vector<int32_t>());
+      EXPECT_EQ(wide_out.select(1, 0).to_vector<int32_t>(), std::vector<int32_t>(batch, -1)) << "wrote past out";
+    }
+  }
+  EXPECT_EQ(narrowed.rng.to_vector<int64_t>(), compact.rng.to_vector<int64_t>());
+  EXPECT_EQ(narrowed.counts.to_vector<int32_t>(), compact.counts.to_vector<int32_t>());
+  // Rows past the batch were not touched.
+  const SamplerRows untouched = rows_of(setup, vocab, Device::cpu());
+  EXPECT_EQ(full.rng.narrow(0, batch, max_batch - batch).to_vector<int64_t>(),
+            untouched.rng.narrow(0, batch, max_batch - batch).to_vector<int64_t>());
+  EXPECT_EQ(full.counts.narrow(0, batch, max_batch - batch).to_vector<int32_t>(),
+            untouched.counts.narrow(0, batch, max_batch - batch).to_vector<int32_t>());
+}
+
+TEST(Sampling, WithoutCountsThereAreNoPenalties) {
+  const int64_t batch = 9, vocab = 200;
+  const Batch setup = random_batch(batch, vocab, testing::fresh_seed());
+  const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -5, 5);
+  const std::vector<int32_t> got = sample_tokens(logits, rows_of(setup, vocab, Device::cpu(), false)).to_vector<int32_t>();
+  std::vector<Sampler> samplers = samplers_of(setup);
+  std::vector<std::vector<int32_t>> empty(batch);
+  EXPECT_EQ(got, sampler_ids(logits, samplers, empty));
+}
+
+// Many draws of one row (rows with one seed and consecutive offsets): frequencies against the softmax.
+std::vector<int64_t> draw_counts(const std::vector<float>& logits, const SamplingParams& params, int64_t draws) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  std::vector<float> param_rows;
+  for (int64_t i = 0; i < draws; ++i) {
+    const std::vector<float> row = params.row();
+    param_rows.insert(param_rows.end(), row.begin(), row.end());
+  }
+  std::vector<int64_t> rng;
+  for (int64_t i = 0; i < draws; ++i) rng.insert(rng.end(), {1234567, i});
+  SamplerRows rows = make_sampler_rows(param_rows, std::vector<int64_t>(draws, 0), vocab, {}, Device::cpu());
+  rows.rng = Tensor::from_vector(rng, {draws, 2});
+  const Tensor x = Tensor::from_vector(logits, {1, vocab}).expand({draws, vocab});  // stride-0 rows
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  for (int32_t id : sample_tokens(x, rows).to_vector<int32_t>()) ++counts[static_cast<size_t>(id)];
+  return counts;
+}
+
+TEST(Sampling, FrequenciesFollowTheSoftmax) {
+  std::vector<float> logits(16);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i) * 1.7f) * 2.0f;
+  const int64_t draws = 200000;
+  const std::vector<int64_t> counts = draw_counts(logits, {.temperature = 1.0}, draws);
+  double max = *std::max_element(logits.begin(), logits.end()), total = 0;
+  std::vector<double> p;
+  for (float x : logits) total += std::exp(x - max);
+  double chi2 = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double expected = draws * std::exp(logits[i] - max) / total;
+    chi2 += (counts[i] - expected) * (counts[i] - expected) / expected;
+  }
+  EXPECT_LT(chi2, 45.0) << "15 degrees of freedom: P(chi2 > 45) < 1e-4";  // fixed seeds: deterministic
+}
+
+TEST(Sampling, TruncationsNeverReturnAnExcludedId) {
+  // Sorted probabilities (T = 1): 0.4, 0.3, 0.2, 0.1 at ids 3, 1, 0, 2 plus a tail of tiny ones.
+  std::vector<float> logits(64, -12.0f);
+  logits[3] = std::log(0.4f), logits[1] = std::log(0.3f), logits[0] = std::log(0.2f), logits[2] = std::log(0.1f);
+  auto seen = [&](const SamplingParams& p) {
+    std::vector<int32_t> ids;
+    const std::vector<int64_t> counts = draw_counts(logits, p, 20000);
+    for (size_t i = 0; i < counts.size(); ++i)
+      if (counts[i] > 0) ids.push_back(static_cast<int32_t>(i));
+    return ids;
+  };
+  EXPECT_EQ(seen({.top_k = 2}), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(seen({.top_p = 0.65}), (std::vector<int32_t>{1, 3}));  // 0.4 + 0.3 reaches 0.65
+  EXPECT_EQ(seen({.top_p = 0.75}), (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_EQ(seen({.min_p = 0.6}), (std::vector<int32_t>{1, 3}));  // p >= 0.24
+  EXPECT_EQ(seen({.top_k = 3, .top_p = 0.95}), (std::vector<int32_t>{0, 1, 3}));
+  EXPECT_EQ(seen({.temperature = 0}), (std::vector<int32_t>{3}));
+}
+
+TEST(Sampling, BadArgumentsNameTheOpAndTheTensor) {
+  const int64_t batch = 3, vocab = 10;
+  const Batch setup = random_batch(batch, vocab, 1);
+  const Tensor logits = Tensor::zeros({batch, vocab});
+  const SamplerRows good = rows_of(setup, vocab, Device::cpu());
+  auto message = [&](const Tensor& x, const SamplerRows& rows, const Tensor& out) -> std::string {
+    try {
+      sample_tokens(x, rows, out);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const Tensor out = Tensor::empty({batch}, DType::i32);
+  auto expect = [&](const std::string& got, const std::string& tensor) {
+    EXPECT_NE(got.find("sample_tokens"), std::string::npos) << got;
+    EXPECT_NE(got.find(tensor), std::string::npos) << got;
+  };
+  EXPECT_EQ(message(logits, good, out), "");
+  expect(message(logits.to(DType::f64), good, out), "logits");
+  expect(message(Tensor::zeros({batch, 2, vocab}), good, out), "logits");
+  expect(message(Tensor::zeros({batch, 0}), good, out), "logits");
+  expect(message(Tensor(), good, out), "logits");
+  auto with = [&](auto change) {
+    SamplerRows rows = good;
+    change(rows);
+    return rows;
+  };
+  expect(message(logits, with([](SamplerRows& r) { r.params = r.params.to(DType::f64); }), out), "params");
+  expect(message(logits, with([](SamplerRows& r) { r.params = r.params.narrow(1, 0, 7); }), out), "params");
+  expect(message(logits, with([](SamplerRows& r) { r.params = r.params.narrow(0, 0, 2); }), out), "params");
+  expect(message(logits, with([](SamplerRows& r) { r.params = Tensor(); }), out), "params");
+  expect(message(logits, with([](SamplerRows& r) { r.rng = r.rng.to(DType::i32); }), out), "rng");
+  expect(message(logits, with([](SamplerRows& r) { r.rng = r.rng.narrow(1, 0, 1); }), out), "rng");
+  expect(message(logits, with([&](SamplerRows& r) { r.rng = r.rng.narrow(0, 0, 1).expand({batch, 2}); }), out), "rng");
+  expect(message(logits, with([](SamplerRows& r) { r.counts = r.counts.to(DType::i64); }), out), "counts");
+  expect(message(logits, with([](SamplerRows& r) { r.counts = r.counts.narrow(1, 0, 9); }), out), "counts");
+  expect(message(logits, good, Tensor::empty({batch}, DType::i64)), "out");
+  expect(message(logits, good, Tensor::empty({batch + 1}, DType::i32)), "out");
+  expect(message(logits, good, Tensor::empty({1}, DType::i32).expand({batch})), "out");
+}
+
+// ---- CUDA against the CPU ----
+
+// Runs `steps` calls on the CPU and on cuda:0 from the same state and logits; ids and state must be identical.
+void expect_cuda_equals_cpu(int64_t batch, int64_t vocab, DType dtype, int steps, bool strided) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " batch " + std::to_string(batch) + " vocab " + std::to_string(vocab));
+  const Batch setup = random_batch(batch, vocab, testing::fresh_seed());
+  SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
+  SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  for (int step = 0; step < steps; ++step) {
+    Tensor logits = testing::random_tensor({batch, strided ? 3 : 1, vocab}, dtype, Device::cpu(), -8, 8).select(1, 0);
+    const Tensor gpu_logits = strided ? logits.to(Device::cuda(0)) : logits.contiguous().to(Device::cuda(0));
+    const Tensor gpu_out = Tensor::empty({batch}, DType::i32, Device::cuda(0));
+    const std::vector<int32_t> expected = sample_tokens(logits, cpu).to_vector<int32_t>();
+    cuda::synchronize(0);
+    cuda::reset_transfer_stats();
+    sample_tokens(gpu_logits, gpu, gpu_out);
+    cuda::synchronize(0);
+    const cuda::TransferStats moved = cuda::transfer_stats();
+    EXPECT_EQ(moved.host_to_device, 0u) << "sample_tokens copied host -> device";
+    EXPECT_EQ(moved.device_to_host, 0u) << "sample_tokens copied device -> host";
+    EXPECT_EQ(gpu_out.to_vector<int32_t>(), expected) << "step " << step;
+  }
+  EXPECT_EQ(gpu.rng.to_vector<int64_t>(), cpu.rng.to_vector<int64_t>());
+  EXPECT_EQ(gpu.counts.to_vector<int32_t>(), cpu.counts.to_vector<int32_t>());
+}
+
+class SamplingCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(Device::cuda(0)); }
+};
+
+TEST_F(SamplingCudaTest, EqualsTheCpuOnEveryDtype) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    expect_cuda_equals_cpu(27, 1000, dtype, 3, /*strided=*/true);
+    expect_cuda_equals_cpu(5, 33, dtype, 2, /*strided=*/false);
+  }
+}
+
+TEST_F(SamplingCudaTest, EqualsTheCpuAtQwenVocabularyAndBatch32) {
+  expect_cuda_equals_cpu(1, 151936, DType::bf16, 3, /*strided=*/true);
+  expect_cuda_equals_cpu(32, 151936, DType::f32, 2, /*strided=*/false);
+}
+
+TEST_F(SamplingCudaTest, NarrowedStateOnTheDevice) {
+  const int64_t max_batch = 9, batch = 4, vocab = 500;
+  const Batch setup = random_batch(max_batch, vocab, testing::fresh_seed());
+  SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
+  SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  auto narrow = [&](const SamplerRows& r) {
+    return SamplerRows{r.params.narrow(0, 0, batch), r.rng.narrow(0, 0, batch), r.counts.narrow(0, 0, batch)};
+  };
+  for (int step = 0; step < 3; ++step) {
+    const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -5, 5);
+    EXPECT_EQ(sample_tokens(logits.to(Device::cuda(0)), narrow(gpu)).to_vector<int32_t>(),
+              sample_tokens(logits, narrow(cpu)).to_vector<int32_t>());
+  }
+  EXPECT_EQ(gpu.rng.to_vector<int64_t>(), cpu.rng.to_vector<int64_t>());
+  EXPECT_EQ(gpu.counts.to_vector<int32_t>(), cpu.counts.to_vector<int32_t>());
+}
+
+TEST_F(SamplingCudaTest, TensorsOnAnotherDeviceAreErrors) {
+  const int64_t batch = 2, vocab = 10;
+  const SamplerRows cpu = rows_of(random_batch(batch, vocab, 1), vocab, Device::cpu());
+  const SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  const Tensor logits = Tensor::zeros({batch, vocab}, DType::f32, Device::cuda(0));
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{cpu.params, gpu.rng, gpu.counts}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, cpu.rng, gpu.counts}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, gpu.rng, cpu.counts}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, gpu, Tensor::empty({batch}, DType::i32)), DeviceError);
+  EXPECT_THROW(sample_tokens(logits.to(Device::cpu()), gpu), DeviceError);
+}
+
+}  // namespace
+}  // namespace microllm
