@@ -228,7 +228,7 @@ TEST_P(EngineTest, ASequenceStopsAtTheWindow) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::Values(Device::cpu(), Device::cuda(0)),
-                         [](const auto& info) { return info.param.is_cuda() ? std::string("cuda") : "cpu"; });
+                         [](const auto& param_info) { return param_info.param.is_cuda() ? std::string("cuda") : "cpu"; });
 
 }  // namespace
 }  // namespace microllm::generate
