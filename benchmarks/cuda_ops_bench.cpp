@@ -139,6 +139,35 @@ void bandwidth_ops() {
          [&] { cross_entropy(big_logits, targets); });
 }
 
+// sample_tokens at the Qwen vocabulary: greedy rows, and top-k + top-p + min-p at T = 0.7 over flat logits
+// (every token is a candidate: the worst case) and peaky ones (a few thousand candidates, like a real model).
+void sampling_ops() {
+  const int64_t vocab = 151936;
+  for (int64_t batch : {int64_t{1}, int64_t{32}}) {
+    for (const auto& [kind, low] : {std::pair<const char*, double>{"flat", -4}, {"peaky", -300}}) {
+      const Tensor logits = random({batch, vocab}, DType::bf16, low, 10);
+      for (const bool greedy : {true, false}) {
+        if (greedy && std::string(kind) == "peaky") continue;
+        generate::SamplingParams sp;
+        sp.temperature = greedy ? 0.0 : 0.7;
+        sp.top_k = greedy ? 0 : 50;
+        sp.top_p = greedy ? 1.0 : 0.9;
+        sp.min_p = greedy ? 0.0 : 0.05;
+        std::vector<float> params;
+        for (int64_t b = 0; b < batch; ++b) {
+          const std::vector<float> row = sp.row();
+          params.insert(params.end(), row.begin(), row.end());
+        }
+        SamplerRows rows = make_sampler_rows(params, std::vector<int64_t>(batch, 7), vocab, {}, kGpu);
+        const Tensor out = Tensor::empty({batch}, DType::i32, kGpu);
+        report(greedy ? "sample_greedy" : str_cat("sample_topk_topp_", kind), "sampling", batch,
+               str_cat("[", batch, ", ", vocab, "] bf16"), 2.0 * batch * vocab, 0,
+               [&] { sample_tokens(logits, rows, out); });
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace microllm
 
@@ -156,6 +185,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "cuda_ops_bench on %s (%d SMs), median of %d runs\n", props.name.c_str(), props.multiprocessors,
                g_reps);
   bandwidth_ops();
+  sampling_ops();
   for (const Model& m : kModels) model_ops(m);
   return 0;
 }

@@ -173,8 +173,8 @@ MICROLLM_HD inline float draw_uniform(uint64_t seed, uint64_t offset) {
 // The reference: the next token of one row. x holds the row's logits as f32 and is overwritten with the
 // penalized ones; counts[v * counts_stride] is how often token v was seen (nullptr: no penalties); u in [0, 1);
 // keys is scratch.
-inline int32_t sample_row(std::span<float> x, const int32_t* counts, int64_t counts_stride, const RowParams& p,
-                          float u, std::vector<uint64_t>& keys) {
+inline int32_t sample_row(std::span<float> x, const int32_t* counts, int64_t counts_stride, const RowParams& p, float u,
+                          std::vector<uint64_t>& keys) {
   const auto vocab = static_cast<int64_t>(x.size());
   uint64_t first = UINT64_MAX;
   for (int64_t v = 0; v < vocab; ++v) {

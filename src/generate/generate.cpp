@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "microllm/autograd/variable.h"
 #include "../backend/sampling_math.h"
+#include "microllm/autograd/variable.h"
 #include "microllm/ops/sampling.h"
 
 namespace microllm::generate {
@@ -37,8 +37,8 @@ class DeviceSampler {
       seeds.push_back(static_cast<int64_t>(params.seed + b));
     }
     const bool penalized = sampling::row_params(row.data(), 1).penalized();
-    rows_ = make_sampler_rows(rows_params, seeds, vocab, penalized ? prompts : std::vector<std::vector<int32_t>>{},
-                              device);
+    rows_ =
+        make_sampler_rows(rows_params, seeds, vocab, penalized ? prompts : std::vector<std::vector<int32_t>>{}, device);
     ids_ = Tensor::empty({static_cast<int64_t>(prompts.size())}, DType::i32, device);
   }
 

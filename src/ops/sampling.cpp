@@ -65,8 +65,8 @@ SamplerRows make_sampler_rows(const std::vector<float>& params, const std::vecto
   const auto batch = static_cast<int64_t>(seeds.size());
   MICROLLM_CHECK(static_cast<int64_t>(params.size()) == batch * sampling::kParamCount, ShapeError, op, "params has ",
                  params.size(), " values; ", batch, " rows need ", batch * sampling::kParamCount);
-  MICROLLM_CHECK(histories.empty() || static_cast<int64_t>(histories.size()) == batch, ShapeError, op,
-                 histories.size(), " histories for ", batch, " rows");
+  MICROLLM_CHECK(histories.empty() || static_cast<int64_t>(histories.size()) == batch, ShapeError, op, histories.size(),
+                 " histories for ", batch, " rows");
   MICROLLM_CHECK(vocab > 0 && vocab <= INT32_MAX, ShapeError, op, "bad vocabulary size ", vocab);
   std::vector<int64_t> rng;
   rng.reserve(seeds.size() * 2);

@@ -2,6 +2,8 @@
 // state it advances, strided and narrowed views, a chi-square check of the draws against the softmax, the
 // truncations never returning an excluded id, CUDA against the CPU (identical ids, no host transfer), and
 // the argument checks.
+#include "microllm/ops/sampling.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include "microllm/core/cuda.h"
 #include "microllm/core/random.h"
 #include "microllm/generate/sampler.h"
-#include "microllm/ops/sampling.h"
 #include "test_support.h"
 
 namespace microllm {
@@ -57,7 +58,8 @@ Batch random_batch(int64_t batch, int64_t vocab, uint64_t seed) {
     out.params.push_back(row_kind(b, gen));
     std::vector<int32_t> history;
     const auto length = static_cast<int>(gen.next_below(30));
-    for (int i = 0; i < length; ++i) history.push_back(static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(vocab))));
+    for (int i = 0; i < length; ++i)
+      history.push_back(static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(vocab))));
     out.histories.push_back(history);
     out.seeds.push_back(static_cast<int64_t>(gen.next_u64() >> 1));
     out.offsets.push_back(static_cast<int64_t>(gen.next_below(1000)));
@@ -89,8 +91,7 @@ std::vector<int32_t> sampler_ids(const Tensor& logits, std::vector<Sampler>& sam
   const auto vocab = static_cast<size_t>(logits.size(1));
   std::vector<int32_t> ids;
   for (size_t b = 0; b < samplers.size(); ++b) {
-    const int32_t id =
-        samplers[b].sample(std::span<const float>(values.data() + b * vocab, vocab), histories[b]);
+    const int32_t id = samplers[b].sample(std::span<const float>(values.data() + b * vocab, vocab), histories[b]);
     histories[b].push_back(id);
     ids.push_back(id);
   }
@@ -189,7 +190,8 @@ TEST(Sampling, WithoutCountsThereAreNoPenalties) {
   const int64_t batch = 9, vocab = 200;
   const Batch setup = random_batch(batch, vocab, testing::fresh_seed());
   const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -5, 5);
-  const std::vector<int32_t> got = sample_tokens(logits, rows_of(setup, vocab, Device::cpu(), false)).to_vector<int32_t>();
+  const std::vector<int32_t> got =
+      sample_tokens(logits, rows_of(setup, vocab, Device::cpu(), false)).to_vector<int32_t>();
   std::vector<Sampler> samplers = samplers_of(setup);
   std::vector<std::vector<int32_t>> empty(batch);
   EXPECT_EQ(got, sampler_ids(logits, samplers, empty));

@@ -22,7 +22,8 @@ void CpuBackend::sample_tokens(const Tensor& logits, const Tensor& params, const
       std::vector<uint64_t> keys;
       for (int64_t b = lo; b < hi; ++b) {
         const T* row = src + b * logits.stride(0);
-        for (int64_t v = 0; v < vocab; ++v) x[static_cast<size_t>(v)] = static_cast<float>(cpu::load(row + v * logits.stride(1)));
+        for (int64_t v = 0; v < vocab; ++v)
+          x[static_cast<size_t>(v)] = static_cast<float>(cpu::load(row + v * logits.stride(1)));
         const sampling::RowParams p = sampling::row_params(param + b * params.stride(0), params.stride(1));
         int64_t* seed = state + b * rng.stride(0);
         int64_t* offset = seed + rng.stride(1);

@@ -114,8 +114,8 @@ __device__ int64_t first_passing(int64_t limit, const Weight& weight_at, const P
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kBlock) sample_prepare_kernel(Rows rows, uint64_t* keys, int* segment_begin,
-                                                                int* segment_end) {
+__global__ void __launch_bounds__(kBlock)
+    sample_prepare_kernel(Rows rows, uint64_t* keys, int* segment_begin, int* segment_end) {
   __shared__ uint64_t scratch[32];
   __shared__ unsigned long long written;
   const int64_t b = blockIdx.x;
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(kBlock) sample_prepare_kernel(Rows rows, uint6
   }
 }
 
-__global__ void __launch_bounds__(kBlock) sample_choose_kernel(Rows rows, const uint64_t* sorted,
-                                                               const int* segment_end) {
+__global__ void __launch_bounds__(kBlock)
+    sample_choose_kernel(Rows rows, const uint64_t* sorted, const int* segment_end) {
   __shared__ uint64_t scratch[33];
   const int64_t b = blockIdx.x;
   const RowParams p = params_of(rows, b);
