@@ -232,7 +232,7 @@ TEST_P(PagedAttentionTest, BadIndicesAreIndexErrors) {
   const std::string gather = error([&] { paged_gather(k_pool, bad_table.select(0, 1), 12); });
   EXPECT_NE(gather.find("paged_gather"), std::string::npos) << gather;
   // Entries past what a sequence needs are never read: -1 there is fine.
-  EXPECT_NO_THROW(paged_gather(k_pool, i32({0, -1, -1}, {3}), 4));
+  EXPECT_EQ(error([&] { paged_gather(k_pool, i32({0, -1, -1}, {3}), 4); }), "");
 }
 
 TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
@@ -343,8 +343,8 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
     const cuda::TransferStats moved = cuda::transfer_stats();
     EXPECT_EQ(moved.host_to_device, 0u) << "paged_attention copied host -> device";
     EXPECT_EQ(moved.device_to_host, 0u) << "paged_attention copied device -> host";
-    const double tol = std::max(tolerance(dtype()), 1e-5);
-    EXPECT_LE(testing::relative_error(out.to(cpu), want), dtype() == DType::f32 ? 1e-5 : 1e-2);
+    const double tol = dtype() == DType::f32 ? 1e-5 : 1e-2;  // the Standards' bounds, as in cuda_parity_test
+    EXPECT_LE(testing::relative_error(out.to(cpu), want), tol);
     EXPECT_LE(testing::relative_error(got_new.to(cpu), want), tol);
     for (double x : host_values(out)) ASSERT_TRUE(std::isfinite(x));
   }
