@@ -40,9 +40,10 @@ struct Cache {
 
 // Sequences of the given lengths in a pool with `spare` blocks more than they need, blocks assigned in a
 // random order; `queries` tokens per sequence at its last positions (a prefill chunk, or 1 for decode),
-// plus a padding row after every sequence's queries when `padding`.
+// plus a padding row after every sequence's queries when `padding`. The block table has room for at least
+// min_capacity tokens.
 Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads, int64_t dim,
-                 int64_t queries, bool padding, Device device, int64_t spare = 3) {
+                 int64_t queries, bool padding, Device device, int64_t spare = 3, int64_t min_capacity = 0) {
   Cache c;
   c.block_size = block_size;
   c.kv_heads = kv_heads;
@@ -54,7 +55,8 @@ Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_he
     needed += (len + block_size - 1) / block_size;
     max_blocks = std::max(max_blocks, (len + block_size - 1) / block_size);
   }
-  c.max_blocks = max_blocks + 1;  // one entry more than any sequence uses
+  // One entry more than any sequence uses (or enough for min_capacity tokens): the rest stays -1.
+  c.max_blocks = std::max(max_blocks + 1, (min_capacity + block_size - 1) / block_size);
   c.num_blocks = needed + spare;
   std::vector<int32_t> order(static_cast<size_t>(c.num_blocks));
   std::iota(order.begin(), order.end(), 0);
@@ -322,13 +324,13 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
               int64_t dim, int64_t queries, bool padding, int64_t max_context, const char* what) {
     SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype()));
     const Device cpu = Device::cpu(), gpu = Device::cuda(0);
-    const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu);
+    const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu, 3, max_context);
     const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
     const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
     // q as the model produces it: a slice of a fused [N, (Hq + 2 Hkv) * D] QKV projection.
     const Tensor qkv = random_tensor({rows(c), (q_heads + 2 * kv_heads) * dim}, dtype(), cpu, -2, 2);
     const Tensor q = qkv.narrow(1, 0, q_heads * dim).view({rows(c), q_heads, dim});
-    const int64_t context = max_context > 0 ? std::min(max_context, c.max_blocks * c.block_size) : 0;
+    const int64_t context = max_context;  // 0: the table's capacity
     const Tensor want = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, context);
 
     const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu), qg = qkv.to(gpu).narrow(1, 0, q_heads * dim)
@@ -361,7 +363,7 @@ TEST_P(PagedAttentionCudaTest, QwenAndR1DecodeShapes) {
 
 TEST_P(PagedAttentionCudaTest, LongContextsBatch32) {
   std::vector<int64_t> lengths;
-  for (int64_t b = 0; b < 32; ++b) lengths.push_back(3900 + (b * 37) % 200);
+  for (int64_t b = 0; b < 32; ++b) lengths.push_back(3890 + (b * 37) % 200);  // up to 4089 < max_context
   parity(lengths, 16, 2, 14, 64, 1, false, 4096, "qwen batch 32 ~4000");
   parity(lengths, 32, 2, 12, 128, 1, true, 4200, "r1 batch 32 ~4000, padding");
 }
@@ -372,6 +374,8 @@ TEST_P(PagedAttentionCudaTest, ChunksPaddingAndOtherHeadDims) {
   parity({50, 3, 90}, 4, 3, 6, 40, 2, true, 0, "d40 (fallback kernel)");
   parity({20, 33}, 5, 1, 8, 64, 3, false, 0, "MQA group 8, odd block size");
   parity({64}, 16, 4, 4, 128, 1, false, 0, "MHA d128");
+  parity({300, 17}, 16, 2, 32, 64, 2, true, 0, "group 16: two row blocks per kv head");
+  parity({100, 250}, 16, 1, 12, 128, 1, false, 0, "group 12: a partial second row block");
 }
 
 // paged_kv_write and paged_gather on CUDA give the CPU's pools and copies, without transfers.
