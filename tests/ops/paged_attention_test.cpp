@@ -31,10 +31,10 @@ const DType kPoolTypes[] = {DType::f32, DType::bf16, DType::f16};
 // A cache of several sequences in shuffled blocks, and a batch of query rows over them.
 struct Cache {
   int64_t num_blocks, block_size, kv_heads, dim, q_heads, max_blocks;
-  std::vector<int64_t> lengths;       // tokens cached per sequence
-  std::vector<int32_t> tables;        // [S, max_blocks]; -1 past a sequence's blocks (never read)
-  std::vector<int32_t> seq, pos;      // per query row; pos -1 = padding
-  std::vector<int32_t> slots;         // per cached token of every sequence, in sequence order
+  std::vector<int64_t> lengths;             // tokens cached per sequence
+  std::vector<int32_t> tables;              // [S, max_blocks]; -1 past a sequence's blocks (never read)
+  std::vector<int32_t> seq, pos;            // per query row; pos -1 = padding
+  std::vector<int32_t> slots;               // per cached token of every sequence, in sequence order
   Tensor block_tables, seq_ids, positions;  // on the test's device
 };
 
@@ -183,7 +183,9 @@ TEST_P(PagedAttentionTest, WriteThenGatherRoundTripsAndSkipSlotsLeaveThePoolAlon
     // Sequence 1's 30 tokens as a [2, 16, Hkv, D] projection (the last two rows padding), f64 source
     // values converted to the pool's dtype; the padding rows' slots are -1.
     const Tensor k = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device());
-    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device()).transpose(2, 3).contiguous()
+    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device())
+                         .transpose(2, 3)
+                         .contiguous()
                          .transpose(2, 3);  // D strided
     std::vector<int32_t> slots(c.slots.begin() + 11, c.slots.end());
     slots.push_back(-1);
@@ -220,16 +222,20 @@ TEST_P(PagedAttentionTest, BadIndicesAreIndexErrors) {
   auto i32 = [&](std::vector<int32_t> v, Shape s) { return Tensor::from_vector(v, s).to(device()); };
   auto error = [&](const std::function<void()>& call) { return testing::index_error_message(device(), call); };
   const Tensor kv = random_tensor({1, 1, 8}, DType::f32, device());
-  const std::string slot = error([&] { paged_kv_write(k_pool, v_pool, kv, kv, i32({int32_t(c.num_blocks * 4)}, {1})); });
+  const std::string slot =
+      error([&] { paged_kv_write(k_pool, v_pool, kv, kv, i32({int32_t(c.num_blocks * 4)}, {1})); });
   EXPECT_NE(slot.find("paged_kv_write"), std::string::npos) << slot;
   const Tensor bad_table = i32({0, 1, 2, 99, 4, 5}, {2, 3});
   const std::string block = error([&] {
     paged_attention(q, k_pool, v_pool, bad_table, i32({0, 1}, {2}), i32({9, 5}, {2}));
   });
   EXPECT_NE(block.find("paged_attention"), std::string::npos) << block;
-  const std::string seq = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, i32({0, 2}, {2}), c.positions); });
+  const std::string seq = error([&] {
+    paged_attention(q, k_pool, v_pool, c.block_tables, i32({0, 2}, {2}), c.positions);
+  });
   EXPECT_NE(seq.find("paged_attention"), std::string::npos) << seq;
-  const std::string pos = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, 9); });
+  const std::string pos =
+      error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, 9); });
   EXPECT_NE(pos.find("max_context"), std::string::npos) << pos;
   const std::string gather = error([&] { paged_gather(k_pool, bad_table.select(0, 1), 12); });
   EXPECT_NE(gather.find("paged_gather"), std::string::npos) << gather;
@@ -260,12 +266,18 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   expect(message([&] { paged_attention(t({3, 3, 16}), kp, vp, bt, ids, pos); }), "paged_attention", "kv heads");
   expect(message([&] { paged_attention(t({3, 4, 16}, DType::bf16), kp, vp, bt, ids, pos); }), "paged_attention", "q");
   expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 8}), bt, ids, pos); }), "paged_attention", "v_pool");
-  expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos); }), "paged_attention",
-         "v_pool");
-  expect(message([&] { paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids,
-                                       pos); }), "paged_attention", "k_pool");
+  expect(message([&] {
+           paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos);
+         }),
+         "paged_attention", "v_pool");
+  expect(message([&] {
+           paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids, pos);
+         }),
+         "paged_attention", "k_pool");
   expect(message([&] { paged_attention(q, t({4, 8, 32}), t({4, 8, 32}), bt, ids, pos); }), "paged_attention", "k_pool");
-  expect(message([&] { paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos);
+         }),
          "paged_attention", "block_tables");
   expect(message([&] { paged_attention(q, kp, vp, i32({8}), ids, pos); }), "paged_attention", "block_tables");
   expect(message([&] { paged_attention(q, kp, vp, bt, i32({2}), pos); }), "paged_attention", "seq_ids");
@@ -274,9 +286,13 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 33); }), "paged_attention", "max_context");
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, NAN); }), "paged_attention", "scale");
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 8})); }), "paged_attention", "out");
-  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 16}, DType::f16)); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 16}, DType::f16));
+         }),
          "paged_attention", "out");
-  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 16, 4}).transpose(1, 2)); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 16, 4}).transpose(1, 2));
+         }),
          "paged_attention", "out");
   // paged_kv_write
   const Tensor k = t({5, 2, 16}), slots = i32({5});
@@ -320,8 +336,8 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
   DType dtype() const { return GetParam(); }
 
   // Random pools (every slot holds keys), a cache of the given lengths; runs paged_attention on both devices.
-  void parity(const std::vector<int64_t>& lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads,
-              int64_t dim, int64_t queries, bool padding, int64_t max_context, const char* what) {
+  void parity(const std::vector<int64_t>& lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads, int64_t dim,
+              int64_t queries, bool padding, int64_t max_context, const char* what) {
     SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype()));
     const Device cpu = Device::cpu(), gpu = Device::cuda(0);
     const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu, 3, max_context);
@@ -333,8 +349,8 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
     const int64_t context = max_context;  // 0: the table's capacity
     const Tensor want = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, context);
 
-    const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu), qg = qkv.to(gpu).narrow(1, 0, q_heads * dim)
-                                                                   .view({rows(c), q_heads, dim});
+    const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu),
+                 qg = qkv.to(gpu).narrow(1, 0, q_heads * dim).view({rows(c), q_heads, dim});
     const Tensor tables = c.block_tables.to(gpu), seq = c.seq_ids.to(gpu), pos = c.positions.to(gpu);
     const Tensor out = Tensor::full(q.shape(), NAN, dtype(), gpu);
     cuda::synchronize(0);
