@@ -116,6 +116,26 @@ void model_ops(const Model& m) {
   report("attention_decode", m.name, 1, str_cat("B", batch, " ctx", context, " H", m.heads, "/", m.kv_heads, " D", m.head_dim),
          2.0 * batch * 2 * m.kv_heads * context * m.head_dim, 4.0 * batch * m.heads * context * m.head_dim,
          [&] { attention(q, k, v, p); });
+  // The same decode through a paged cache (16-token blocks in a shuffled order), batch 1, 8 and 32; the grid
+  // is sized for a 4096-token max_context as a captured graph would be, so splits past 2048 exit at once.
+  for (int64_t b : {int64_t{1}, int64_t{8}, int64_t{32}}) {
+    const int64_t block = 16, per_seq = context / block, blocks = b * per_seq, max_context = 4096;
+    const int64_t width = max_context / block;  // table columns past a sequence's blocks hold -1 (never read)
+    std::vector<int32_t> ids(static_cast<size_t>(b * width), -1);
+    for (int64_t i = 0; i < blocks; ++i) {
+      ids[static_cast<size_t>(i / per_seq * width + i % per_seq)] = static_cast<int32_t>((i * 7919) % blocks);
+    }
+    const Tensor tables = Tensor::from_vector(ids, {b, width}).to(kGpu);
+    const Tensor pk = random({blocks, block, m.kv_heads, m.head_dim}), pv = random({blocks, block, m.kv_heads, m.head_dim});
+    const Tensor pq = random({b, m.heads, m.head_dim});
+    const Tensor seq = Tensor::arange(b, DType::i32, kGpu);
+    const Tensor pos = Tensor::full({b}, static_cast<double>(context - 1), DType::i32, kGpu);
+    const Tensor out = Tensor::empty({b, m.heads, m.head_dim}, DType::bf16, kGpu);
+    report("paged_attention_decode", m.name, 1,
+           str_cat("B", b, " ctx", context, " max_ctx", max_context, " blk", block, " H", m.heads, "/", m.kv_heads, " D", m.head_dim),
+           2.0 * b * 2 * m.kv_heads * context * m.head_dim, 4.0 * b * m.heads * context * m.head_dim,
+           [&] { paged_attention(pq, pk, pv, tables, seq, pos, 0, max_context, out); });
+  }
 }
 
 // Bandwidth-bound ops on >= 64 MB, against the device-to-device copy ceiling.

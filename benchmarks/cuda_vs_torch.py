@@ -131,6 +131,10 @@ def torch_fn(line):
     if op == "attention_decode":
         q, k, v = rand(8, nh, 1, d), rand(8, nkv, 2048, d), rand(8, nkv, 2048, d)
         return lambda: sdpa(q, k, v, False)
+    if op == "paged_attention_decode":  # torch has no paged cache: the contiguous decode of the same batch
+        b = int(line["shape"].split()[0][1:])  # "B8 ctx2048 ..."
+        q, k, v = rand(b, nh, 1, d), rand(b, nkv, 2048, d), rand(b, nkv, 2048, d)
+        return lambda: sdpa(q, k, v, False)
     raise KeyError(op)
 
 

@@ -47,9 +47,8 @@ int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, c
   const int64_t kv_heads = k_pool.size(2), dim = k_pool.size(3);
   MICROLLM_CHECK(q.size(2) == dim, ShapeError, op, "q shape ", q.shape(), " has head dim ", q.size(2),
                  " but k_pool shape ", k_pool.shape(), " has head dim ", dim);
-  MICROLLM_CHECK(q.size(1) > 0 && q.size(1) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ",
-                 q.size(1), " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ",
-                 k_pool.shape());
+  MICROLLM_CHECK(q.size(1) > 0 && q.size(1) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ", q.size(1),
+                 " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ", k_pool.shape());
   check_index(op, block_tables, "block_tables", 2, k_pool);
   check_index(op, seq_ids, "seq_ids", 1, k_pool);
   check_index(op, positions, "positions", 1, k_pool);
@@ -61,9 +60,8 @@ int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, c
                  " does not match the ", q.size(0), " query tokens of q ", q.shape());
   MICROLLM_CHECK(std::isfinite(scale), ValueError, op, "scale must be finite, got ", scale);
   const int64_t capacity = block_tables.size(1) * k_pool.size(1);
-  MICROLLM_CHECK(max_context >= 0 && max_context <= capacity, ValueError, op, "max_context must lie in [0, ",
-                 capacity, "] (max_blocks ", block_tables.size(1), " * block_size ", k_pool.size(1), "), got ",
-                 max_context);
+  MICROLLM_CHECK(max_context >= 0 && max_context <= capacity, ValueError, op, "max_context must lie in [0, ", capacity,
+                 "] (max_blocks ", block_tables.size(1), " * block_size ", k_pool.size(1), "), got ", max_context);
   MICROLLM_CHECK(capacity < (int64_t{1} << 31), ValueError, op, "a sequence of up to ", capacity,
                  " tokens (block_tables ", block_tables.shape(), ", k_pool ", k_pool.shape(),
                  ") does not fit the i32 positions");
@@ -72,8 +70,7 @@ int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, c
 
 }  // namespace
 
-void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                    const Tensor& slots) {
+void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v, const Tensor& slots) {
   const char* op = "paged_kv_write";
   check_pools(op, k_pool, v_pool);
   checks::floating(op, k, "k");
@@ -94,8 +91,7 @@ void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
 Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context) {
   const char* op = "paged_attention";
-  const int64_t context =
-      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [N, Hq, D]
   if (out.numel() == 0) return out;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
@@ -107,8 +103,7 @@ void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool
                      const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                      const Tensor& out) {
   const char* op = "paged_attention";
-  const int64_t context =
-      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
   checks::defined(op, out, "out");
   checks::same_shape(op, q, "q", out, "out");
   checks::same_dtype(op, q, "q", out, "out");

@@ -31,18 +31,19 @@ const DType kPoolTypes[] = {DType::f32, DType::bf16, DType::f16};
 // A cache of several sequences in shuffled blocks, and a batch of query rows over them.
 struct Cache {
   int64_t num_blocks, block_size, kv_heads, dim, q_heads, max_blocks;
-  std::vector<int64_t> lengths;       // tokens cached per sequence
-  std::vector<int32_t> tables;        // [S, max_blocks]; -1 past a sequence's blocks (never read)
-  std::vector<int32_t> seq, pos;      // per query row; pos -1 = padding
-  std::vector<int32_t> slots;         // per cached token of every sequence, in sequence order
+  std::vector<int64_t> lengths;             // tokens cached per sequence
+  std::vector<int32_t> tables;              // [S, max_blocks]; -1 past a sequence's blocks (never read)
+  std::vector<int32_t> seq, pos;            // per query row; pos -1 = padding
+  std::vector<int32_t> slots;               // per cached token of every sequence, in sequence order
   Tensor block_tables, seq_ids, positions;  // on the test's device
 };
 
 // Sequences of the given lengths in a pool with `spare` blocks more than they need, blocks assigned in a
 // random order; `queries` tokens per sequence at its last positions (a prefill chunk, or 1 for decode),
-// plus a padding row after every sequence's queries when `padding`.
+// plus a padding row after every sequence's queries when `padding`. The block table has room for at least
+// min_capacity tokens.
 Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads, int64_t dim,
-                 int64_t queries, bool padding, Device device, int64_t spare = 3) {
+                 int64_t queries, bool padding, Device device, int64_t spare = 3, int64_t min_capacity = 0) {
   Cache c;
   c.block_size = block_size;
   c.kv_heads = kv_heads;
@@ -54,7 +55,8 @@ Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_he
     needed += (len + block_size - 1) / block_size;
     max_blocks = std::max(max_blocks, (len + block_size - 1) / block_size);
   }
-  c.max_blocks = max_blocks + 1;  // one entry more than any sequence uses
+  // One entry more than any sequence uses (or enough for min_capacity tokens): the rest stays -1.
+  c.max_blocks = std::max(max_blocks + 1, (min_capacity + block_size - 1) / block_size);
   c.num_blocks = needed + spare;
   std::vector<int32_t> order(static_cast<size_t>(c.num_blocks));
   std::iota(order.begin(), order.end(), 0);
@@ -181,7 +183,9 @@ TEST_P(PagedAttentionTest, WriteThenGatherRoundTripsAndSkipSlotsLeaveThePoolAlon
     // Sequence 1's 30 tokens as a [2, 16, Hkv, D] projection (the last two rows padding), f64 source
     // values converted to the pool's dtype; the padding rows' slots are -1.
     const Tensor k = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device());
-    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device()).transpose(2, 3).contiguous()
+    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device())
+                         .transpose(2, 3)
+                         .contiguous()
                          .transpose(2, 3);  // D strided
     std::vector<int32_t> slots(c.slots.begin() + 11, c.slots.end());
     slots.push_back(-1);
@@ -218,21 +222,25 @@ TEST_P(PagedAttentionTest, BadIndicesAreIndexErrors) {
   auto i32 = [&](std::vector<int32_t> v, Shape s) { return Tensor::from_vector(v, s).to(device()); };
   auto error = [&](const std::function<void()>& call) { return testing::index_error_message(device(), call); };
   const Tensor kv = random_tensor({1, 1, 8}, DType::f32, device());
-  const std::string slot = error([&] { paged_kv_write(k_pool, v_pool, kv, kv, i32({int32_t(c.num_blocks * 4)}, {1})); });
+  const std::string slot =
+      error([&] { paged_kv_write(k_pool, v_pool, kv, kv, i32({int32_t(c.num_blocks * 4)}, {1})); });
   EXPECT_NE(slot.find("paged_kv_write"), std::string::npos) << slot;
   const Tensor bad_table = i32({0, 1, 2, 99, 4, 5}, {2, 3});
   const std::string block = error([&] {
     paged_attention(q, k_pool, v_pool, bad_table, i32({0, 1}, {2}), i32({9, 5}, {2}));
   });
   EXPECT_NE(block.find("paged_attention"), std::string::npos) << block;
-  const std::string seq = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, i32({0, 2}, {2}), c.positions); });
+  const std::string seq = error([&] {
+    paged_attention(q, k_pool, v_pool, c.block_tables, i32({0, 2}, {2}), c.positions);
+  });
   EXPECT_NE(seq.find("paged_attention"), std::string::npos) << seq;
-  const std::string pos = error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, 9); });
+  const std::string pos =
+      error([&] { paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, 9); });
   EXPECT_NE(pos.find("max_context"), std::string::npos) << pos;
   const std::string gather = error([&] { paged_gather(k_pool, bad_table.select(0, 1), 12); });
   EXPECT_NE(gather.find("paged_gather"), std::string::npos) << gather;
   // Entries past what a sequence needs are never read: -1 there is fine.
-  EXPECT_NO_THROW(paged_gather(k_pool, i32({0, -1, -1}, {3}), 4));
+  EXPECT_EQ(error([&] { paged_gather(k_pool, i32({0, -1, -1}, {3}), 4); }), "");
 }
 
 TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
@@ -258,12 +266,18 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   expect(message([&] { paged_attention(t({3, 3, 16}), kp, vp, bt, ids, pos); }), "paged_attention", "kv heads");
   expect(message([&] { paged_attention(t({3, 4, 16}, DType::bf16), kp, vp, bt, ids, pos); }), "paged_attention", "q");
   expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 8}), bt, ids, pos); }), "paged_attention", "v_pool");
-  expect(message([&] { paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos); }), "paged_attention",
-         "v_pool");
-  expect(message([&] { paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids,
-                                       pos); }), "paged_attention", "k_pool");
+  expect(message([&] {
+           paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos);
+         }),
+         "paged_attention", "v_pool");
+  expect(message([&] {
+           paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids, pos);
+         }),
+         "paged_attention", "k_pool");
   expect(message([&] { paged_attention(q, t({4, 8, 32}), t({4, 8, 32}), bt, ids, pos); }), "paged_attention", "k_pool");
-  expect(message([&] { paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos);
+         }),
          "paged_attention", "block_tables");
   expect(message([&] { paged_attention(q, kp, vp, i32({8}), ids, pos); }), "paged_attention", "block_tables");
   expect(message([&] { paged_attention(q, kp, vp, bt, i32({2}), pos); }), "paged_attention", "seq_ids");
@@ -272,9 +286,13 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 33); }), "paged_attention", "max_context");
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, NAN); }), "paged_attention", "scale");
   expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 8})); }), "paged_attention", "out");
-  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 16}, DType::f16)); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 4, 16}, DType::f16));
+         }),
          "paged_attention", "out");
-  expect(message([&] { paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 16, 4}).transpose(1, 2)); }),
+  expect(message([&] {
+           paged_attention(q, kp, vp, bt, ids, pos, 0, 0, t({3, 16, 4}).transpose(1, 2));
+         }),
          "paged_attention", "out");
   // paged_kv_write
   const Tensor k = t({5, 2, 16}), slots = i32({5});
@@ -318,21 +336,21 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
   DType dtype() const { return GetParam(); }
 
   // Random pools (every slot holds keys), a cache of the given lengths; runs paged_attention on both devices.
-  void parity(const std::vector<int64_t>& lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads,
-              int64_t dim, int64_t queries, bool padding, int64_t max_context, const char* what) {
+  void parity(const std::vector<int64_t>& lengths, int64_t block_size, int64_t kv_heads, int64_t q_heads, int64_t dim,
+              int64_t queries, bool padding, int64_t max_context, const char* what) {
     SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype()));
     const Device cpu = Device::cpu(), gpu = Device::cuda(0);
-    const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu);
+    const Cache c = make_cache(lengths, block_size, kv_heads, q_heads, dim, queries, padding, cpu, 3, max_context);
     const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
     const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, kv_heads, dim}, dtype(), cpu);
     // q as the model produces it: a slice of a fused [N, (Hq + 2 Hkv) * D] QKV projection.
     const Tensor qkv = random_tensor({rows(c), (q_heads + 2 * kv_heads) * dim}, dtype(), cpu, -2, 2);
     const Tensor q = qkv.narrow(1, 0, q_heads * dim).view({rows(c), q_heads, dim});
-    const int64_t context = max_context > 0 ? std::min(max_context, c.max_blocks * c.block_size) : 0;
+    const int64_t context = max_context;  // 0: the table's capacity
     const Tensor want = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, 0, context);
 
-    const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu), qg = qkv.to(gpu).narrow(1, 0, q_heads * dim)
-                                                                   .view({rows(c), q_heads, dim});
+    const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu),
+                 qg = qkv.to(gpu).narrow(1, 0, q_heads * dim).view({rows(c), q_heads, dim});
     const Tensor tables = c.block_tables.to(gpu), seq = c.seq_ids.to(gpu), pos = c.positions.to(gpu);
     const Tensor out = Tensor::full(q.shape(), NAN, dtype(), gpu);
     cuda::synchronize(0);
@@ -343,8 +361,8 @@ class PagedAttentionCudaTest : public ::testing::TestWithParam<DType> {
     const cuda::TransferStats moved = cuda::transfer_stats();
     EXPECT_EQ(moved.host_to_device, 0u) << "paged_attention copied host -> device";
     EXPECT_EQ(moved.device_to_host, 0u) << "paged_attention copied device -> host";
-    const double tol = std::max(tolerance(dtype()), 1e-5);
-    EXPECT_LE(testing::relative_error(out.to(cpu), want), dtype() == DType::f32 ? 1e-5 : 1e-2);
+    const double tol = dtype() == DType::f32 ? 1e-5 : 1e-2;  // the Standards' bounds, as in cuda_parity_test
+    EXPECT_LE(testing::relative_error(out.to(cpu), want), tol);
     EXPECT_LE(testing::relative_error(got_new.to(cpu), want), tol);
     for (double x : host_values(out)) ASSERT_TRUE(std::isfinite(x));
   }
@@ -361,7 +379,7 @@ TEST_P(PagedAttentionCudaTest, QwenAndR1DecodeShapes) {
 
 TEST_P(PagedAttentionCudaTest, LongContextsBatch32) {
   std::vector<int64_t> lengths;
-  for (int64_t b = 0; b < 32; ++b) lengths.push_back(3900 + (b * 37) % 200);
+  for (int64_t b = 0; b < 32; ++b) lengths.push_back(3890 + (b * 37) % 200);  // up to 4089 < max_context
   parity(lengths, 16, 2, 14, 64, 1, false, 4096, "qwen batch 32 ~4000");
   parity(lengths, 32, 2, 12, 128, 1, true, 4200, "r1 batch 32 ~4000, padding");
 }
@@ -372,6 +390,8 @@ TEST_P(PagedAttentionCudaTest, ChunksPaddingAndOtherHeadDims) {
   parity({50, 3, 90}, 4, 3, 6, 40, 2, true, 0, "d40 (fallback kernel)");
   parity({20, 33}, 5, 1, 8, 64, 3, false, 0, "MQA group 8, odd block size");
   parity({64}, 16, 4, 4, 128, 1, false, 0, "MHA d128");
+  parity({300, 17}, 16, 2, 32, 64, 2, true, 0, "group 16: two row blocks per kv head");
+  parity({100, 250}, 16, 1, 12, 128, 1, false, 0, "group 12: a partial second row block");
 }
 
 // paged_kv_write and paged_gather on CUDA give the CPU's pools and copies, without transfers.

@@ -21,8 +21,7 @@ namespace microllm {
 // pool[slots[n]] = k[n] (and v[n]) for every n with slots[n] >= 0; rows with a negative slot (padding)
 // are skipped. k, v [N, Hkv, D], any strides (e.g. a [B, T, Hkv, D] projection viewed as [B*T, Hkv, D])
 // and any float dtype (converted to the pools' dtype); slots i32 [N]. Writes the pools in place.
-void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                    const Tensor& slots);
+void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v, const Tensor& slots);
 
 // Attention of N query tokens against their sequences' cached keys and values:
 //   q [N, Hq, D] any strides, the pools' dtype, Hq % Hkv == 0 (query head h reads kv head h / (Hq / Hkv));

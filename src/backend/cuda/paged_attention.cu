@@ -39,7 +39,7 @@ using detail::DeviceErrorCode;
 using detail::report_device_error;
 
 constexpr int kCtaThreads = 128;  // attention kernels (the write/gather kernels use common.cuh's kThreads)
-constexpr int kRowsPerCta = 8;  // query heads per CTA (of one kv head)
+constexpr int kRowsPerCta = 8;    // query heads per CTA (of one kv head)
 constexpr int kMaxChunk = 256;
 constexpr int kMinChunk = 64;
 constexpr int kMaxFastDim = 256;
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
   const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0;
   const Token tok = resolve(a, n, reporter);
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
-  if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
+  if (c0 >= tok.len) {        // padding, or a split past the sequence's end: the combine does not read it
     if constexpr (kDirect) {  // one split: this CTA owns the output rows
       T* o = static_cast<T*>(a.out);
       for (int idx = tid; idx < nr * D; idx += kCtaThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
   for (int idx = tid; idx < R * D; idx += kCtaThreads) {
     const int r = idx / D, d = idx % D;
     const T* q = static_cast<const T*>(a.q);
-    sq[idx] = r < nr ? to_acc(q[n * a.q_stride[0] + (hk * a.group + r0 + r) * a.q_stride[1] + d * a.q_stride[2]])
-                     : 0.f;
+    sq[idx] = r < nr ? to_acc(q[n * a.q_stride[0] + (hk * a.group + r0 + r) * a.q_stride[1] + d * a.q_stride[2]]) : 0.f;
   }
   __syncthreads();
 
@@ -286,7 +285,7 @@ template <typename T>
 __global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedArgs a) {
   extern __shared__ __align__(16) unsigned char simple_smem[];
   const int D = a.dim, tid = threadIdx.x;
-  int64_t* voff = reinterpret_cast<int64_t*>(simple_smem);  // [128]
+  int64_t* voff = reinterpret_cast<int64_t*>(simple_smem);   // [128]
   float* sq = reinterpret_cast<float*>(voff + kSimpleKeys);  // [D]
   float* acc = sq + D;                                       // [D]
   float* sp = acc + D;                                       // [128]
@@ -476,8 +475,8 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   const int64_t n_split = (max_context + chunk - 1) / chunk;
   a.chunk = static_cast<int>(chunk);
   a.n_split = static_cast<int>(n_split);
-  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) && n_split <= pg::kMaxSplits &&
-                    base_ctas < (int64_t{1} << 31);
+  const bool fast =
+      pg::fast_layout(k_pool) && pg::fast_layout(v_pool) && n_split <= pg::kMaxSplits && base_ctas < (int64_t{1} << 31);
 
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
@@ -486,17 +485,16 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
       if (!fast) {
         const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
         if (smem > 48 * 1024) {
-          MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(pg::paged_simple_kernel<T>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem)));
+          MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(
+              pg::paged_simple_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         }
         pg::paged_simple_kernel<T><<<static_cast<unsigned>(rows), pg::kCtaThreads, smem, launch.stream>>>(a);
         MICROLLM_CUDA_CHECK_LAUNCH();
         return;
       }
       const int slices = pg::kCtaThreads / (a.dim / 8);
-      const size_t region = std::max<size_t>(pg::kRowsPerCta * (a.dim + chunk),
-                                             static_cast<size_t>(slices) * pg::kRowsPerCta * a.dim);
+      const size_t region =
+          std::max<size_t>(pg::kRowsPerCta * (a.dim + chunk), static_cast<size_t>(slices) * pg::kRowsPerCta * a.dim);
       // <= 4 KiB of offsets + 32 KiB + 64 B: under the 48 KiB that needs no opt-in.
       const size_t smem = 2 * chunk * sizeof(int64_t) + (region + 2 * pg::kRowsPerCta) * sizeof(float);
       const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
