@@ -76,6 +76,47 @@ TEST(DataParallelBuckets, EveryBucketStartsDuringBackwardAndAccumulationStaysLoc
   ddp.zero_grad();
 }
 
+// ---- timing (the CPU analogue of the GPU measurement: host clock instead of events) ----
+
+TEST(DataParallelTiming, BucketCollectivesAreTimedAgainstTheEndOfBackward) {
+  Generator gen(testing::shared_seed());
+  const Tensor ids = Tensor::uniform({2, 8}, gen, 0, 256, DType::f64).to(DType::i64);
+  const Tensor targets = Tensor::uniform({2, 8}, gen, 0, 256, DType::f64).to(DType::i64);
+  nn::ForwardContext ctx;
+  {
+    nn::TransformerLM model(nn::TransformerConfig::preset("tiny", 256), 3);
+    DataParallel plain(model.named_parameters(), job(), {.bucket_mb = 0.5});
+    model.loss(ids, targets, ctx).backward();
+    plain.finish_gradients();
+    EXPECT_EQ(plain.take_timing().steps, 0) << "nothing is recorded unless asked";
+  }
+  nn::TransformerLM model(nn::TransformerConfig::preset("tiny", 256), 3);
+  DataParallel ddp(model.named_parameters(), job(), {.bucket_mb = 0.5, .time_collectives = true});
+  const int buckets = ddp.stats().buckets;
+  for (int step = 0; step < 2; ++step) {
+    model.loss(ids, targets, ctx).backward();
+    ddp.finish_gradients();
+    ddp.zero_grad();
+  }
+  EXPECT_FALSE(job().timing()) << "only the bucket collectives are timed";
+  const CollectiveTiming t = ddp.take_timing();
+  EXPECT_EQ(t.steps, 2);
+  EXPECT_EQ(t.collectives, 2 * buckets);
+  EXPECT_GE(t.seconds, 0);
+  EXPECT_GE(t.hidden_seconds, 0);
+  EXPECT_LE(t.hidden_seconds, t.seconds);
+  EXPECT_GE(t.exposed_seconds, 0);
+  if (job().world_size() > 1) {
+    // Every bucket started from a gradient hook, before backward returned: some of it is hidden.
+    EXPECT_GT(t.hidden_seconds, 0);
+  }
+  std::printf("[ ddp ] rank %d of %d: %d bucket collectives per step, %.3f ms per step, %.0f%% hidden behind "
+              "backward, %.3f ms exposed\n",
+              job().rank(), job().world_size(), buckets, 1e3 * t.seconds / 2, 100 * t.hidden_share(),
+              1e3 * t.exposed_seconds / 2);
+  EXPECT_EQ(ddp.take_timing().steps, 0) << "take_timing resets";
+}
+
 // ---- training ----
 
 class DataParallelTraining : public ::testing::Test {
@@ -260,11 +301,14 @@ TEST_F(DataParallelTraining, RunWritesOnRankZeroAndReportsEveryRanksPeak) {
   train::TrainConfig c = config("run", "auto");
   c.out_dir = root_ + "/run";  // shared: only rank 0 may write into it
   c.log_interval = 1;
+  c.time_collectives = true;
   int logs = 0;
   train::TrainCallbacks callbacks;
   callbacks.on_log = [&](const train::StepMetrics& m) {
     ++logs;
     EXPECT_GT(m.loss, 0);
+    EXPECT_TRUE(m.comm_timed);
+    EXPECT_LE(m.comm_hidden_ms, m.comm_ms);
   };
   train::Trainer trainer(c);
   const train::TrainResult result = trainer.run(callbacks);
@@ -277,6 +321,7 @@ TEST_F(DataParallelTraining, RunWritesOnRankZeroAndReportsEveryRanksPeak) {
   size_t lines = 0;
   for (char ch : metrics) lines += ch == '\n';
   EXPECT_EQ(lines, static_cast<size_t>(c.steps)) << "one line per log, written once";
+  EXPECT_NE(metrics.find("\"comm_hidden_ms\""), std::string::npos) << "time_collectives logs the collectives";
   EXPECT_TRUE(fs::exists(fs::path(c.resolved_checkpoint_dir()) / "model.safetensors"));
 }
 
