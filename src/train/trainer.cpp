@@ -109,6 +109,7 @@ void for_each_field(C& c, F&& f) {
   f("zero1", c.zero1);
   f("bucket_mb", c.bucket_mb);
   f("time_collectives", c.time_collectives);
+  f("comm_timeout_seconds", c.comm_timeout_seconds);
 }
 
 template <typename T>
@@ -195,6 +196,8 @@ void TrainConfig::validate() const {
                  ValueError, "train config", "distributed must be auto, off, mpi, nccl or local, got '", distributed,
                  "'");
   MICROLLM_CHECK(bucket_mb > 0, ValueError, "train config", "bucket_mb must be > 0, got ", bucket_mb);
+  MICROLLM_CHECK(comm_timeout_seconds > 0, ValueError, "train config", "comm_timeout_seconds must be > 0, got ",
+                 comm_timeout_seconds);
   lr_schedule().validate();
   Device::parse(device);
 }
@@ -310,7 +313,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
                  config_.device, " is not available (", cuda_device_count(), " CUDA devices)");
   compute_dtype_ = config_.precision == "bf16-mixed" ? DType::bf16 : DType::f32;
   if (data_parallel) {
-    comm_ = distributed::create_communicator({.backend = config_.distributed, .device = device_});
+    comm_ = distributed::create_communicator(
+        {.backend = config_.distributed, .device = device_, .timeout_seconds = config_.comm_timeout_seconds});
     MICROLLM_CHECK(config_.batch_size % comm_->world_size() == 0, ValueError, "train", "batch_size ",
                    config_.batch_size, " (the global batch) is not divisible by the world size ", comm_->world_size());
   }

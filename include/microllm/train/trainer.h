@@ -81,6 +81,9 @@ struct TrainConfig {
   // per step, how long they ran, how much of that was hidden behind backward, and how long the step waited
   // for them after backward (StepMetrics::comm_*; rank 0's clock). Off: no events, no extra waits.
   bool time_collectives = false;
+  // NCCL: a collective (or the rendezvous) that has not finished after this long is an error that ends the
+  // job (a peer died or is stuck and no launcher noticed).
+  double comm_timeout_seconds = 300;
 
   // JSON object with the fields above (plus "data": prefix). Unknown keys are a ParseError (typos).
   static TrainConfig from_json(const std::string& json_text, const std::string& origin = "config");
