@@ -162,10 +162,15 @@ void run_train(const TrainCliOptions& o) {
     if (terminal) {
       bar(m.step);
     } else {
-      std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  elapsed %s  ETA %s\n",
+      std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  elapsed %s  ETA %s",
                   static_cast<long long>(m.step), static_cast<long long>(config.steps), m.loss, m.lr, m.grad_norm,
                   m.tokens_per_second, format_duration(m.elapsed_seconds).c_str(),
                   format_duration(eta(m.step)).c_str());
+      if (m.comm_timed) {
+        std::printf("  gradient collectives %.2f ms/step, %.0f%% hidden behind backward, %.2f ms exposed",
+                    m.comm_ms, m.comm_ms > 0 ? 100 * m.comm_hidden_ms / m.comm_ms : 0.0, m.comm_exposed_ms);
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
   };

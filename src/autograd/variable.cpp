@@ -40,8 +40,9 @@ std::vector<std::shared_ptr<Node>> topological_order(const std::shared_ptr<Node>
 void accumulate(Tensor& sum, const Tensor& grad) { sum = sum.defined() ? add(sum, grad) : grad; }
 
 // Runs one node's backward on the gradients pending for it (none reached it: nothing to do), adding its
-// input gradients into the leaves' grad and the producers' pending slots.
-void run_node(std::unordered_map<Node*, std::vector<Tensor>>& pending, Node* node) {
+// input gradients into the leaves' sums for this pass and the producers' pending slots.
+void run_node(std::unordered_map<Node*, std::vector<Tensor>>& pending,
+              std::unordered_map<VariableImpl*, Tensor>& leaf_sums, Node* node) {
   auto it = pending.find(node);
   if (it == pending.end()) return;  // no gradient reached this node
   const std::vector<Tensor> grad_outputs = std::move(it->second);
@@ -60,7 +61,7 @@ void run_node(std::unordered_map<Node*, std::vector<Tensor>>& pending, Node* nod
                    " a gradient of shape ", g.shape(), " for a value of shape ", input.shape());
     VariableImpl& target = *input.impl();
     if (!target.grad_fn) {
-      accumulate(target.grad, g);
+      accumulate(leaf_sums[&target], g);
     } else {
       auto& slots = pending[target.grad_fn.get()];
       slots.resize(static_cast<size_t>(target.grad_fn->num_outputs));
@@ -136,31 +137,42 @@ void Variable::backward(const Tensor& grad_output) const {
   pending[impl_->grad_fn.get()].resize(static_cast<size_t>(impl_->grad_fn->num_outputs));
   pending[impl_->grad_fn.get()][static_cast<size_t>(impl_->output_index)] = seed;
   const std::vector<std::shared_ptr<Node>> order = topological_order(impl_->grad_fn);
-  // Leaves with a post-accumulate hook, listed under the last node (in this order) that feeds them: once
-  // that node has run, no more gradient reaches the leaf in this pass.
-  std::vector<std::vector<Variable>> hooks_after(order.size());
+  // Leaves, listed under the last node (in this order) that feeds them: once that node has run, no more
+  // gradient reaches the leaf in this pass. A leaf's contributions of one pass are summed first and added
+  // into grad() once, there (as PyTorch's AccumulateGrad does): so accumulating over micro-batches,
+  // grad = pass 1 + pass 2 + ..., adds the same per-pass sums in the same order as data parallelism does
+  // when it sums the ranks' gradients (a tied embedding gets two contributions per pass).
+  std::vector<std::vector<Variable>> leaves_after(order.size());
   {
     std::unordered_map<VariableImpl*, size_t> last_use;
     for (size_t n = 0; n < order.size(); ++n) {
       for (const Variable& input : order[n]->inputs) {
-        if (input.defined() && !input.impl()->grad_fn && input.impl()->post_accumulate_hook)
-          last_use[input.impl().get()] = n;
+        if (input.defined() && !input.impl()->grad_fn) last_use[input.impl().get()] = n;
       }
     }
     for (size_t n = 0; n < order.size(); ++n) {
       for (const Variable& input : order[n]->inputs) {
         auto it = input.defined() ? last_use.find(input.impl().get()) : last_use.end();
         if (it != last_use.end() && it->second == n) {
-          hooks_after[n].push_back(input);
+          leaves_after[n].push_back(input);
           last_use.erase(it);  // a leaf used twice by one node is listed once
         }
       }
     }
   }
+  std::unordered_map<VariableImpl*, Tensor> leaf_sums;  // this pass's gradient of each leaf reached so far
   for (size_t n = 0; n < order.size(); ++n) {
     Node* node = order[n].get();
-    run_node(pending, node);
-    for (const Variable& leaf : hooks_after[n]) leaf.impl()->post_accumulate_hook(leaf);
+    run_node(pending, leaf_sums, node);
+    for (const Variable& leaf : leaves_after[n]) {
+      VariableImpl& target = *leaf.impl();
+      auto it = leaf_sums.find(&target);
+      if (it != leaf_sums.end()) {
+        accumulate(target.grad, it->second);
+        leaf_sums.erase(it);
+      }
+      if (target.post_accumulate_hook) target.post_accumulate_hook(leaf);
+    }
   }
 }
 

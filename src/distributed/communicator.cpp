@@ -2,6 +2,7 @@
 // communicator (a world of one).
 #include "microllm/distributed/communicator.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -10,6 +11,25 @@
 namespace microllm::distributed {
 
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "avg"; }
+
+namespace {
+class HostMark final : public TimeMark {
+ public:
+  HostMark() : at_(std::chrono::steady_clock::now()) {}
+  double seconds_since(const TimeMark& earlier) const override {
+    const auto* other = dynamic_cast<const HostMark*>(&earlier);
+    MICROLLM_CHECK(other != nullptr, ValueError, "TimeMark", "a host mark compares with host marks only");
+    return std::chrono::duration<double>(at_ - other->at_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point at_;
+};
+}  // namespace
+
+std::unique_ptr<TimeMark> host_time_mark() { return std::make_unique<HostMark>(); }
+
+std::unique_ptr<TimeMark> Communicator::mark() { return host_time_mark(); }
 
 double Communicator::all_reduce_scalar(double value, ReduceOp op) {
   const Tensor t = Tensor::scalar(value, DType::f64, device());
@@ -64,8 +84,19 @@ namespace {
 
 class DoneWork final : public Work {
  public:
+  explicit DoneWork(bool timing) {
+    if (timing) {
+      started_ = host_time_mark();
+      ended_ = host_time_mark();
+    }
+  }
   void wait() override {}
   bool test() override { return true; }
+  const TimeMark* started() const override { return started_.get(); }
+  const TimeMark* ended() const override { return ended_.get(); }
+
+ private:
+  std::unique_ptr<TimeMark> started_, ended_;  // timing on: both when it was issued (it is done at once)
 };
 
 class LocalCommunicator final : public Communicator {
@@ -78,21 +109,21 @@ class LocalCommunicator final : public Communicator {
 
   std::unique_ptr<Work> all_reduce_async(const Tensor& tensor, ReduceOp) override {
     detail::check_tensor(tensor, device_, "all_reduce", true);
-    return std::make_unique<DoneWork>();  // the sum and the mean of one tensor are that tensor
+    return std::make_unique<DoneWork>(timing_);  // the sum and the mean of one tensor are that tensor
   }
   std::unique_ptr<Work> reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceOp) override {
     detail::check_tensor(input, device_, "reduce_scatter", true);
     detail::check_tensor(output, device_, "reduce_scatter", true);
     detail::check_blocks(input, output, 1, "reduce_scatter");
     if (input.data_ptr() != output.data_ptr()) Tensor(output).copy_(input.view(output.shape()));
-    return std::make_unique<DoneWork>();
+    return std::make_unique<DoneWork>(timing_);
   }
   std::unique_ptr<Work> all_gather_async(const Tensor& input, const Tensor& output) override {
     detail::check_tensor(input, device_, "all_gather", false);
     detail::check_tensor(output, device_, "all_gather", false);
     detail::check_blocks(output, input, 1, "all_gather");
     if (input.data_ptr() != output.data_ptr()) Tensor(output).copy_(input.view(output.shape()));
-    return std::make_unique<DoneWork>();
+    return std::make_unique<DoneWork>(timing_);
   }
   void broadcast(const Tensor& tensor, int root) override {
     detail::check_tensor(tensor, device_, "broadcast", false);

@@ -3,6 +3,7 @@
 #include "microllm/distributed/ddp.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -146,10 +147,13 @@ void DataParallel::stage(size_t index) {
 
 void DataParallel::launch_ready() {
   // In bucket order on every rank: collectives must be issued in the same order everywhere.
+  const bool timing = comm_->timing();
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->staged == buckets_[next_launch_]->params.size()) {
     Bucket& b = *buckets_[next_launch_++];
+    comm_->set_timing(timing || options_.time_collectives);  // only the bucket collectives are timed
     b.work = options_.zero1 ? comm_->reduce_scatter_async(b.grads, b.shard_grads, ReduceOp::avg)
                             : comm_->all_reduce_async(b.grads, ReduceOp::avg);
+    comm_->set_timing(timing);
     b.launched = true;
     ++collectives_;
   }
@@ -163,6 +167,8 @@ void DataParallel::progress() {
 
 void DataParallel::finish_gradients() {
   MICROLLM_CHECK(sync_, ValueError, "ddp", "finish_gradients() after a backward with set_sync(false)");
+  const std::unique_ptr<TimeMark> backward_end = options_.time_collectives ? comm_->mark() : nullptr;
+  std::vector<std::pair<double, double>> spans;  // timing: each collective's [start, end], s after backward_end
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!staged_[k]) stage(k);
   }
@@ -170,6 +176,10 @@ void DataParallel::finish_gradients() {
   for (std::unique_ptr<Bucket>& bp : buckets_) {
     Bucket& b = *bp;
     b.work->wait();
+    if (backward_end && b.work->started() != nullptr && b.work->ended() != nullptr) {
+      spans.emplace_back(b.work->started()->seconds_since(*backward_end),
+                         b.work->ended()->seconds_since(*backward_end));
+    }
     b.work.reset();
     b.launched = false;
     b.staged = 0;
@@ -184,9 +194,28 @@ void DataParallel::finish_gradients() {
     const Slice& info = slice_info_[s];
     slice_variables_[s]->set_grad(buckets_[info.bucket]->shard_grads.narrow(0, info.shard_offset, info.length));
   }
+  if (backward_end) {
+    // The union of the spans (NCCL runs them one after another on its stream; MPI's are in flight together),
+    // split at the end of backward.
+    std::sort(spans.begin(), spans.end());
+    double covered_to = -INFINITY;
+    for (const auto& [start, end] : spans) {
+      const double from = std::max(start, covered_to);
+      if (end > from) {
+        timing_.seconds += end - from;
+        timing_.hidden_seconds += std::max(0.0, std::min(end, 0.0) - from);
+        covered_to = end;
+      }
+    }
+    timing_.exposed_seconds += std::max(0.0, covered_to);
+    timing_.collectives += static_cast<int64_t>(spans.size());
+    ++timing_.steps;
+  }
   staged_.assign(params_.size(), false);
   next_launch_ = 0;
 }
+
+CollectiveTiming DataParallel::take_timing() { return std::exchange(timing_, CollectiveTiming{}); }
 
 Tensor DataParallel::gradient_norm() {
   if (!options_.zero1) {

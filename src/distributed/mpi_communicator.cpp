@@ -101,8 +101,14 @@ void in_chunks(int64_t count, F&& issue) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::vector<MPI_Request> requests, int rank, const char* what, Tensor average = Tensor(), int world = 1)
-      : requests_(std::move(requests)), rank_(rank), what_(what), average_(std::move(average)), world_(world) {}
+  MpiWork(std::vector<MPI_Request> requests, int rank, const char* what, Tensor average, int world,
+          std::unique_ptr<TimeMark> started)
+      : requests_(std::move(requests)),
+        rank_(rank),
+        what_(what),
+        average_(std::move(average)),
+        world_(world),
+        started_(std::move(started)) {}
   ~MpiWork() override {
     if (!done_) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   }
@@ -124,8 +130,12 @@ class MpiWork final : public Work {
     return flag != 0;
   }
 
+  const TimeMark* started() const override { return started_.get(); }
+  const TimeMark* ended() const override { return ended_.get(); }
+
  private:
   void finish() {
+    if (started_) ended_ = host_time_mark();  // when this host first saw it complete
     if (average_.defined()) divide(average_, world_);
   }
   std::vector<MPI_Request> requests_;
@@ -133,6 +143,7 @@ class MpiWork final : public Work {
   const char* what_;
   Tensor average_;  // divided by world_ once the sum arrived (ReduceOp::avg)
   int world_;
+  std::unique_ptr<TimeMark> started_, ended_;  // timing on: when it was issued, when it was seen complete
   bool done_ = false;
 };
 
@@ -214,7 +225,8 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Op sum_op(DType dtype) const { return dtype == DType::bf16 ? g_bf16_sum : MPI_SUM; }
   std::unique_ptr<Work> make_work(std::vector<MPI_Request> requests, const char* what, Tensor average) {
-    return std::make_unique<MpiWork>(std::move(requests), rank_, what, std::move(average), world_);
+    return std::make_unique<MpiWork>(std::move(requests), rank_, what, std::move(average), world_,
+                                     timing_ ? host_time_mark() : nullptr);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -67,23 +67,59 @@ void wait_ready(ncclComm_t comm, ncclResult_t result, const char* call, int rank
 
 #define MICROLLM_NCCL_CALL(call) wait_ready(comm_, (call), #call, rank_, timeout_, __FILE__, __LINE__)
 
+// A timing event recorded on a stream (profiling only: Communicator::set_timing).
+class CudaMark final : public TimeMark {
+ public:
+  CudaMark(int device, cudaStream_t stream) : device_(device) {
+    ::microllm::detail::CudaDeviceGuard guard(device_);
+    MICROLLM_CUDA_CHECK(cudaEventCreate(&event_));
+    MICROLLM_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~CudaMark() override { cudaEventDestroy(event_); }
+  CudaMark(const CudaMark&) = delete;
+  CudaMark& operator=(const CudaMark&) = delete;
+  double seconds_since(const TimeMark& earlier) const override {
+    const auto* other = dynamic_cast<const CudaMark*>(&earlier);
+    MICROLLM_CHECK(other != nullptr && other->device_ == device_, ValueError, "TimeMark",
+                   "a CUDA mark compares with marks of its own device only");
+    ::microllm::detail::CudaDeviceGuard guard(device_);
+    MICROLLM_CUDA_CHECK(cudaEventSynchronize(other->event_));
+    MICROLLM_CUDA_CHECK(cudaEventSynchronize(event_));
+    float ms = 0;
+    MICROLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, other->event_, event_));
+    return ms * 1e-3;
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
 class NcclCommunicator;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclCommunicator* owner, cudaEvent_t done, std::vector<Tensor> keep_alive)
-      : owner_(owner), done_(done), keep_alive_(std::move(keep_alive)) {}
+  NcclWork(NcclCommunicator* owner, cudaEvent_t done, std::vector<Tensor> keep_alive,
+           std::unique_ptr<TimeMark> started, std::unique_ptr<TimeMark> ended)
+      : owner_(owner),
+        done_(done),
+        keep_alive_(std::move(keep_alive)),
+        started_(std::move(started)),
+        ended_(std::move(ended)) {}
   ~NcclWork() override;
   void wait() override;
   bool test() override {
     if (waited_) return true;
     return cudaEventQuery(done_) == cudaSuccess;
   }
+  const TimeMark* started() const override { return started_.get(); }
+  const TimeMark* ended() const override { return ended_.get(); }
 
  private:
   NcclCommunicator* owner_;
   cudaEvent_t done_;
   std::vector<Tensor> keep_alive_;  // the tensors the collective reads and writes live until it is done
+  std::unique_ptr<TimeMark> started_, ended_;  // timing on: events on the communication stream around the call
   bool waited_ = false;
 };
 
@@ -195,6 +231,10 @@ class NcclCommunicator final : public Communicator {
     abort_job(reason, exit_code);
   }
 
+  std::unique_ptr<TimeMark> mark() override {
+    return std::make_unique<CudaMark>(device_.index, ::microllm::detail::current_cuda_stream(device_.index));
+  }
+
  private:
   // Runs `issue` (one NCCL call on stream_) after the work queued so far on the current stream.
   template <typename F>
@@ -206,14 +246,20 @@ class NcclCommunicator final : public Communicator {
     MICROLLM_CUDA_CHECK(cudaEventRecord(ready, ::microllm::detail::current_cuda_stream(device_.index)));
     MICROLLM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);  // released once recorded work completes
+    std::unique_ptr<TimeMark> started, ended;
     try {
+      // Timing: the start event completes when the stream reaches the call (the compute stream's work
+      // and the collectives queued before it are done), the end event when the call is done.
+      if (timing_) started = std::make_unique<CudaMark>(device_.index, stream_);
       issue();
+      if (timing_) ended = std::make_unique<CudaMark>(device_.index, stream_);
     } catch (...) {
       cudaEventDestroy(done);
       throw;
     }
     MICROLLM_CUDA_CHECK(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclWork>(this, done, std::vector<Tensor>{tensor, other});
+    return std::make_unique<NcclWork>(this, done, std::vector<Tensor>{tensor, other}, std::move(started),
+                                      std::move(ended));
   }
 
   Device device_;

@@ -108,6 +108,8 @@ void for_each_field(C& c, F&& f) {
   f("distributed", c.distributed);
   f("zero1", c.zero1);
   f("bucket_mb", c.bucket_mb);
+  f("time_collectives", c.time_collectives);
+  f("comm_timeout_seconds", c.comm_timeout_seconds);
 }
 
 template <typename T>
@@ -194,6 +196,8 @@ void TrainConfig::validate() const {
                  ValueError, "train config", "distributed must be auto, off, mpi, nccl or local, got '", distributed,
                  "'");
   MICROLLM_CHECK(bucket_mb > 0, ValueError, "train config", "bucket_mb must be > 0, got ", bucket_mb);
+  MICROLLM_CHECK(comm_timeout_seconds > 0, ValueError, "train config", "comm_timeout_seconds must be > 0, got ",
+                 comm_timeout_seconds);
   lr_schedule().validate();
   Device::parse(device);
 }
@@ -218,14 +222,20 @@ LrSchedule TrainConfig::lr_schedule() const {
 
 namespace {
 json step_json(const StepMetrics& m) {
-  return {{"type", "train"},
-          {"step", m.step},
-          {"loss", m.loss},
-          {"lr", m.lr},
-          {"grad_norm", m.grad_norm},
-          {"tokens_per_second", m.tokens_per_second},
-          {"elapsed_seconds", m.elapsed_seconds},
-          {"tokens", m.tokens}};
+  json j = {{"type", "train"},
+            {"step", m.step},
+            {"loss", m.loss},
+            {"lr", m.lr},
+            {"grad_norm", m.grad_norm},
+            {"tokens_per_second", m.tokens_per_second},
+            {"elapsed_seconds", m.elapsed_seconds},
+            {"tokens", m.tokens}};
+  if (m.comm_timed) {
+    j["comm_ms"] = m.comm_ms;
+    j["comm_hidden_ms"] = m.comm_hidden_ms;
+    j["comm_exposed_ms"] = m.comm_exposed_ms;
+  }
+  return j;
 }
 
 json eval_json(const EvalMetrics& m) {
@@ -245,6 +255,12 @@ StepMetrics step_from_json(const json& j) {
   m.tokens_per_second = j.at("tokens_per_second").get<double>();
   m.elapsed_seconds = j.at("elapsed_seconds").get<double>();
   m.tokens = j.at("tokens").get<int64_t>();
+  if (j.contains("comm_ms")) {
+    m.comm_timed = true;
+    m.comm_ms = j.at("comm_ms").get<double>();
+    m.comm_hidden_ms = j.value("comm_hidden_ms", 0.0);
+    m.comm_exposed_ms = j.value("comm_exposed_ms", 0.0);
+  }
   return m;
 }
 
@@ -297,7 +313,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
                  config_.device, " is not available (", cuda_device_count(), " CUDA devices)");
   compute_dtype_ = config_.precision == "bf16-mixed" ? DType::bf16 : DType::f32;
   if (data_parallel) {
-    comm_ = distributed::create_communicator({.backend = config_.distributed, .device = device_});
+    comm_ = distributed::create_communicator(
+        {.backend = config_.distributed, .device = device_, .timeout_seconds = config_.comm_timeout_seconds});
     MICROLLM_CHECK(config_.batch_size % comm_->world_size() == 0, ValueError, "train", "batch_size ",
                    config_.batch_size, " (the global batch) is not divisible by the world size ", comm_->world_size());
   }
@@ -323,7 +340,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   if (comm_) {  // gradients averaged over the ranks; with ZeRO-1 this rank's optimizer updates its shard only
     ddp_ = std::make_unique<distributed::DataParallel>(
         model_->named_parameters(), *comm_,
-        distributed::DataParallelOptions{.bucket_mb = config_.bucket_mb, .zero1 = config_.zero1});
+        distributed::DataParallelOptions{
+            .bucket_mb = config_.bucket_mb, .zero1 = config_.zero1, .time_collectives = config_.time_collectives});
   }
   optimizer_ = std::make_unique<Optimizer>(ddp_ ? ddp_->optimizer_parameters() : model_->named_parameters(), oc);
   // The sampler's stream differs from the initialization's (which used Generator(seed)).
@@ -423,6 +441,16 @@ StepMetrics Trainer::flush_log() {
   m.tokens = tokens_;
   m.tokens_per_second = static_cast<double>(tokens_ - tokens_at_log_) / std::max(1e-9, now - log_clock_);
   m.elapsed_seconds = seconds_before_ + (now - run_clock_);
+  if (ddp_ && config_.time_collectives) {
+    const distributed::CollectiveTiming t = ddp_->take_timing();
+    if (t.steps > 0) {
+      const double per_step_ms = 1e3 / static_cast<double>(t.steps);
+      m.comm_timed = true;
+      m.comm_ms = t.seconds * per_step_ms;
+      m.comm_hidden_ms = t.hidden_seconds * per_step_ms;
+      m.comm_exposed_ms = t.exposed_seconds * per_step_ms;
+    }
+  }
   log_clock_ = now;
   tokens_at_log_ = tokens_;
   loss_sum_ = Tensor();

@@ -33,6 +33,19 @@ TEST(Autograd, LeafAccumulatesAndReusedInputsSumTheirPaths) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+// A leaf reached twice in one pass gets grad += (c1 + c2), not (grad + c1) + c2: accumulating micro-batches
+// then adds each pass's sum, as data parallelism adds each rank's (bit-equal results; see ddp_test.cpp).
+// In f32: (1 + 2^-24) + 2^-24 rounds to 1 twice, 1 + (2^-24 + 2^-24) = 1 + 2^-23.
+TEST(Autograd, ALeafAddsTheSumOfItsPassOnce) {
+  Variable w(Tensor::from_vector<float>({1}, {1}), true);
+  const Variable one(Tensor::from_vector<float>({1}, {1}), false);
+  const Variable tiny(Tensor::from_vector<float>({0x1p-24f}, {1}), false);
+  sum(mul(w, one)).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>{1});
+  sum(add(mul(w, tiny), mul(w, tiny))).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>{1 + 0x1p-23f});
+}
+
 TEST(Autograd, NoGradDetachAndLeavesWithoutGrad) {
   Variable w(f64({3}), true);
   Variable c(f64({3}), false);

@@ -30,7 +30,8 @@ class Variable {
   const Tensor& value() const;
   // Replaces the value in place of the same shape/dtype/device (optimizers); keeps grad and graph.
   void set_value(Tensor value);
-  // The gradient accumulated by backward() (undefined until then).
+  // The gradient accumulated by backward() (undefined until then). Each backward() sums the leaf's
+  // contributions of its pass first and adds that sum into grad() once.
   const Tensor& grad() const;
   void set_grad(Tensor grad);
   void zero_grad();  // drops the gradient (undefined again)

@@ -25,6 +25,16 @@ namespace microllm::distributed {
 enum class ReduceOp { sum, avg };
 const char* reduce_op_name(ReduceOp op);
 
+// A point on this rank's timeline, for profiling (Communicator::set_timing): an event recorded on a CUDA
+// stream (NCCL), or the host clock (MPI, local).
+class TimeMark {
+ public:
+  virtual ~TimeMark() = default;
+  // Seconds from `earlier` (a mark of the same communicator) to this one; negative when this came first.
+  // On a GPU it waits until both events happened.
+  virtual double seconds_since(const TimeMark& earlier) const = 0;
+};
+
 // A collective in flight, from an *_async call. wait() returns when the result may be used: on the CPU,
 // when it is in memory; with NCCL, when work queued afterwards on the current stream sees it (the host does
 // not wait for the GPU, but it does watch for errors and the timeout while the collective runs). The tensors
@@ -35,6 +45,12 @@ class Work {
   virtual void wait() = 0;
   // True once the collective is done (never blocks; on MPI it also lets the collective progress).
   virtual bool test() = 0;
+  // With timing on (Communicator::set_timing) when the work was issued: when the collective started and
+  // when it ended, valid once wait() returned (NCCL: events on the communication stream around the call;
+  // MPI: the host clock when it was issued and when the host first saw it complete, in test() or wait()).
+  // Null otherwise.
+  virtual const TimeMark* started() const { return nullptr; }
+  virtual const TimeMark* ended() const { return nullptr; }
 };
 
 // How this process was launched, from the environment (rendezvous.cpp):
@@ -85,6 +101,13 @@ class Communicator {
   // job ends) or ncclCommAbort + exit (the launcher, or the peers' timeouts, end the others). Never returns.
   [[noreturn]] virtual void abort(const std::string& reason, int exit_code = 1) noexcept = 0;
 
+  // Profiling, off by default (then collectives record nothing): with timing on, every collective issued
+  // records when it started and ended (Work::started / ended), and mark() records "now" on the caller's
+  // current stream (NCCL) or the host clock.
+  void set_timing(bool on) { timing_ = on; }
+  bool timing() const { return timing_; }
+  virtual std::unique_ptr<TimeMark> mark();
+
   // Blocking forms.
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum) { all_reduce_async(tensor, op)->wait(); }
   void reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::sum) {
@@ -94,7 +117,13 @@ class Communicator {
   // A host value all-reduced (f64 on the wire: exact for flags and counts), for control decisions that every
   // rank must take alike (stop now?).
   double all_reduce_scalar(double value, ReduceOp op = ReduceOp::sum);
+
+ protected:
+  bool timing_ = false;
 };
+
+// The host clock as a TimeMark (the CPU communicators' marks).
+std::unique_ptr<TimeMark> host_time_mark();
 
 // The communicator for this process (see CommunicatorOptions::backend). With "auto" and no job around
 // (detect_launch().world_size == 1) it is a local one; asking for a backend this build lacks is a

@@ -42,6 +42,25 @@ struct DataParallelOptions {
   double bucket_mb = 25;  // bucket capacity in MB (1e6 bytes) of gradients
   bool zero1 = false;     // shard the optimizer state (reduce-scatter, update the shard, all-gather)
   bool broadcast_parameters = true;  // start from rank 0's parameters
+  // Profiling: time each gradient bucket's collective against the end of backward (see CollectiveTiming).
+  // Off, nothing is recorded and nothing waits; on, finish_gradients() reads the marks (on a GPU: waits
+  // for events that are, but for the end-of-backward one, already complete).
+  bool time_collectives = false;
+};
+
+// The gradient collectives of the steps since the last take_timing(), measured on this rank against the
+// end of backward (the moment finish_gradients() is called: an event on the compute stream, or the host
+// clock on the CPU). With NCCL, a collective runs from the event recorded on the communication stream
+// before the call (it completes when the stream reaches the call) to the one after it; with MPI, from
+// the host issuing it to the host first seeing it complete (tested by each later gradient hook, so its
+// end is late by up to one hook's interval).
+struct CollectiveTiming {
+  int64_t steps = 0;
+  int64_t collectives = 0;
+  double seconds = 0;          // time during which at least one of them ran (the union of their spans)
+  double hidden_seconds = 0;   // the part of it before backward ended
+  double exposed_seconds = 0;  // from the end of backward to the end of the step's last collective
+  double hidden_share() const { return seconds > 0 ? hidden_seconds / seconds : 0; }
 };
 
 struct DataParallelStats {
@@ -91,6 +110,8 @@ class DataParallel {
   Communicator& communicator() { return *comm_; }
   const DataParallelOptions& options() const { return options_; }
   DataParallelStats stats() const;
+  // With options.time_collectives: the timing gathered since the last call (then reset).
+  CollectiveTiming take_timing();
 
  private:
   struct Bucket;
@@ -109,6 +130,7 @@ class DataParallel {
   size_t next_launch_ = 0;
   bool sync_ = true;
   int64_t collectives_ = 0;
+  CollectiveTiming timing_;
   // ZeRO-1: this rank's slices, as variables the optimizer updates (values are views of the parameters).
   std::vector<std::unique_ptr<autograd::Variable>> slice_variables_;
   std::vector<nn::ParameterInfo> slices_;

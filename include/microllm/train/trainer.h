@@ -77,6 +77,13 @@ struct TrainConfig {
   std::string distributed = "auto";
   bool zero1 = false;      // shard the optimizer state over the ranks (ZeRO-1)
   double bucket_mb = 25;   // gradient bucket size (MB)
+  // Profiling: time the gradient buckets' collectives against the end of backward on every step and log,
+  // per step, how long they ran, how much of that was hidden behind backward, and how long the step waited
+  // for them after backward (StepMetrics::comm_*; rank 0's clock). Off: no events, no extra waits.
+  bool time_collectives = false;
+  // NCCL: a collective (or the rendezvous) that has not finished after this long is an error that ends the
+  // job (a peer died or is stuck and no launcher noticed).
+  double comm_timeout_seconds = 300;
 
   // JSON object with the fields above (plus "data": prefix). Unknown keys are a ParseError (typos).
   static TrainConfig from_json(const std::string& json_text, const std::string& origin = "config");
@@ -95,6 +102,11 @@ struct StepMetrics {
   double tokens_per_second = 0;
   double elapsed_seconds = 0;
   int64_t tokens = 0;  // tokens trained on so far
+  // With time_collectives (data parallel), means per step since the previous log, on rank 0
+  // (distributed::CollectiveTiming): the gradient collectives' time, its part before backward ended, and
+  // the wait after backward.
+  bool comm_timed = false;
+  double comm_ms = 0, comm_hidden_ms = 0, comm_exposed_ms = 0;
 };
 
 struct EvalMetrics {
