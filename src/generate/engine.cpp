@@ -53,6 +53,7 @@ struct Engine::Impl {
   Tensor step_inputs;   // i32 [kStepRows, max_batch]
   Tensor row_ids;       // i32 [max_batch]: 0, 1, 2, ... (decode row r reads block table row r)
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
+  int64_t sampler_columns = 0;
   Tensor tokens;        // i32 [max_batch]: the ids sampled by the last step
 
   std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
@@ -92,7 +93,8 @@ struct Engine::Impl {
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
-    sampler.params = Tensor::zeros({b, 8}, DType::f32, device);
+    sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
+    sampler.params = Tensor::zeros({b, sampler_columns}, DType::f32, device);
     sampler.rng = Tensor::zeros({b, 2}, DType::i64, device);
     sampler.counts = Tensor::zeros({b, config.vocab_size}, DType::i32, device);
     tokens = Tensor::zeros({b}, DType::i32, device);
@@ -180,28 +182,35 @@ struct Engine::Impl {
       }
       rows[static_cast<size_t>(seq->row)] = seq.get();
       upload_row_state(*seq);
-      if (seq->request.prompt.size() == 1) seq->next_token = seq->request.prompt[0];
+      if (seq->request.prompt.size() == 1) start_decoding(*seq);
       std::lock_guard<std::mutex> lock(mutex);
       counters.prompt_tokens += seq->request.prompt.size();
       running.push_back(std::move(seq));
     }
   }
 
-  // The sequence's block table row and sampler state, written once at admission.
+  // The sequence's block table row and sampling parameters, written once at admission.
   void upload_row_state(const Sequence& seq) {
     const int64_t row = seq.row;
     std::vector<int32_t> table(static_cast<size_t>(max_blocks_per_sequence), 0);
     std::copy(seq.blocks.begin(), seq.blocks.end(), table.begin());
     block_tables.select(0, row).copy_(Tensor::from_vector(table, {max_blocks_per_sequence}));
+    sampler.params.select(0, row).copy_(Tensor::from_vector(seq.request.sampling.row(), {sampler_columns}));
+  }
+
+  // The prompt is in the cache but its last token: the next decode steps sample for this row. Its random
+  // counter and token counts start now, not at admission, because every decode step draws for every row
+  // of its batch, the rows still prefilling included (their draws are ignored).
+  void start_decoding(Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
-    sampler.params.select(0, row).copy_(Tensor::from_vector(sampler_row_params(p), {8}));
-    sampler.rng.select(0, row).copy_(Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(p.seed), 0}, {2}));
+    sampler.rng.select(0, seq.row).copy_(Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(p.seed), 0}, {2}));
     const bool penalties = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
     std::vector<int32_t> counts(static_cast<size_t>(config.vocab_size), 0);
     if (penalties) {
       for (int32_t id : seq.request.prompt) ++counts[static_cast<size_t>(id)];
     }
-    sampler.counts.select(0, row).copy_(Tensor::from_vector(counts, {config.vocab_size}));
+    sampler.counts.select(0, seq.row).copy_(Tensor::from_vector(counts, {config.vocab_size}));
+    seq.next_token = seq.request.prompt.back();
   }
 
   // Ends a sequence: its row and blocks go back, then its callback runs.
@@ -324,7 +333,7 @@ struct Engine::Impl {
       model.forward(Tensor::from_vector(ids, {1, count}, device), ctx);
       seq->cached += count;
     }
-    if (seq->cached == to_prefill) seq->next_token = seq->request.prompt.back();  // ready to decode
+    if (seq->cached == to_prefill) start_decoding(*seq);
     return count > 0;
   }
 
@@ -417,13 +426,6 @@ struct Engine::Impl {
       accept(s, chosen[static_cast<size_t>(s->row)]);
     }
     return true;
-  }
-
-  static std::vector<float> sampler_row_params(const SamplingParams& p) {
-    return {static_cast<float>(p.temperature),        static_cast<float>(p.top_k),
-            static_cast<float>(p.top_p),              static_cast<float>(p.min_p),
-            static_cast<float>(p.repetition_penalty), static_cast<float>(p.presence_penalty),
-            static_cast<float>(p.frequency_penalty),  0.0f};
   }
 };
 
