@@ -1,6 +1,7 @@
 #include "microllm/nn/layers.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "microllm/autograd/functions.h"
 #include "microllm/nn/paged_kv_cache.h"
@@ -9,6 +10,7 @@
 #include "microllm/ops/attention.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/paged_attention.h"
+#include "microllm/ops/rope.h"
 
 namespace microllm::nn {
 
@@ -131,7 +133,15 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   const int64_t batch = x.size(0), tokens = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
   Variable q, k, v;
-  if (const Tensor qkv = qkv_.forward(x.value(), ctx); qkv.defined()) {  // [B, T, (Hq + 2 Hkv) D]: views
+  const Tensor qkv = qkv_.forward(x.value(), ctx);  // [B, T, (Hq + 2 Hkv) D], or undefined
+  if (qkv.defined() && !q_norm_) {
+    // Inference with fused projections: q and k heads are adjacent, so one rotary call turns both.
+    const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
+                           config_.rope);
+    q = Variable(qk.narrow(2, 0, hq));
+    k = Variable(qk.narrow(2, hq, hkv));
+    v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
+  } else if (qkv.defined()) {
     q = Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d}));
     k = Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d}));
     v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
@@ -144,8 +154,10 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
   }
-  q = ag::rope(q, ctx.positions, config_.rope);
-  k = ag::rope(k, ctx.positions, config_.rope);
+  if (!qkv.defined() || q_norm_) {
+    q = ag::rope(q, ctx.positions, config_.rope);
+    k = ag::rope(k, ctx.positions, config_.rope);
+  }
   if (ctx.paged) return o_proj_->forward(Variable(paged_attention(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
   AttentionParams params;
   Variable keys = ag::transpose(k, 1, 2), values = ag::transpose(v, 1, 2);  // [B, Hkv, S, D]
@@ -216,9 +228,21 @@ DecoderLayer::DecoderLayer(const AttentionConfig& attention, int64_t intermediat
 }
 
 Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) const {
-  const Variable attn = self_attn_->forward(input_layernorm_->forward(x, ctx), ctx);
-  auto [normed, h] = post_attention_layernorm_->forward_residual(attn, x, ctx);  // h = x + attn
-  return ag::add(h, mlp_->forward(normed, ctx));
+  auto [mlp_out, h] = forward_unsummed(x, Variable(), ctx);
+  return ag::add(h, mlp_out);
+}
+
+std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, const Variable& residual,
+                                                             const ForwardContext& ctx) const {
+  Variable normed, stream = x;  // stream: the residual stream entering this layer
+  if (residual.defined()) {
+    std::tie(normed, stream) = input_layernorm_->forward_residual(x, residual, ctx);  // stream = residual + x
+  } else {
+    normed = input_layernorm_->forward(x, ctx);
+  }
+  const Variable attn = self_attn_->forward(normed, ctx);
+  auto [normed2, h] = post_attention_layernorm_->forward_residual(attn, stream, ctx);  // h = stream + attn
+  return {mlp_->forward(normed2, ctx), h};
 }
 
 }  // namespace microllm::nn

@@ -1,5 +1,7 @@
 #include "microllm/nn/transformer.h"
 
+#include <tuple>
+
 #include "microllm/autograd/functions.h"
 #include "microllm/nn/paged_kv_cache.h"
 
@@ -145,10 +147,14 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
     ctx.positions = Tensor::arange(static_cast<double>(start), static_cast<double>(start + tokens), 1, DType::i64,
                                    ids.device());
   }
-  Variable h = embed_tokens_->forward(ids, ctx);
-  for (const DecoderLayer* layer : layers_) h = layer->forward(h, ctx);
-  if (ctx.last_logits_only && tokens > 1) h = ag::narrow(h, 1, tokens - 1, 1);  // generation needs no more
-  h = norm_->forward(h, ctx);
+  // The residual stream is carried as (delta, residual): each sum happens inside the next RMSNorm kernel.
+  Variable delta = embed_tokens_->forward(ids, ctx), residual;
+  for (const DecoderLayer* layer : layers_) std::tie(delta, residual) = layer->forward_unsummed(delta, residual, ctx);
+  if (ctx.last_logits_only && tokens > 1) {  // generation needs no more
+    delta = ag::narrow(delta, 1, tokens - 1, 1);
+    residual = ag::narrow(residual, 1, tokens - 1, 1);
+  }
+  Variable h = norm_->forward_residual(delta, residual, ctx).first;
   if (ctx.cache) ctx.cache->advance(tokens);
   if (lm_head_) return lm_head_->forward(h, ctx);
   return ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied head

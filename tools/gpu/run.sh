@@ -14,6 +14,8 @@
 #   parity           tools/oracle/parity_full.py: full-size configs, transformers vs microllm
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
+#   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
+#   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
 #   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
 #                    bounded by its timeouts, so give them one device call each when in doubt):
 #   infer-bench      benchmarks/inference_vs_transformers.py, microllm bench vs transformers (pp512, pp2048,
@@ -159,6 +161,25 @@ step_infer_bench() {
   done
 }
 
+step_rms_sweep() {
+  local tpr
+  "$bin/cuda_ops_bench" --filter copy --reps 50 2>&1 | tee "$RES/logs/rms_copy.log" | head -3
+  for tpr in 256 128 64; do
+    echo "== rms_norm, $tpr threads per row"
+    MICROLLM_RMS_NORM_TPR=$tpr "$bin/cuda_ops_bench" --filter rms_norm --reps 50 2>&1 | tee "$RES/logs/rms_$tpr.log"
+  done
+}
+
+step_engine_bench() {
+  local path
+  for path in engine plain; do
+    timeout 280 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 \
+      -r 3 --path "$path" --json "$RES/bench_$path.json" > "$RES/logs/bench_$path.log" 2>&1
+    echo "== microllm bench --path $path: exit $?"; tail -16 "$RES/logs/bench_$path.log"
+    save_results
+  done
+}
+
 # microllm serve needs a model directory: random weights from transformers (bf16) and a real tokenizer.
 step_infer_serve() {
   local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64} server
@@ -199,6 +220,8 @@ for step in "${steps[@]}"; do
     allreduce) step_allreduce ;;
     parity) step_parity ;;
     train-throughput) step_train_throughput ;;
+    rms-sweep) step_rms_sweep ;;
+    engine-bench) step_engine_bench ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;
     infer-serve) step_infer_serve ;;

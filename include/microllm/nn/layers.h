@@ -138,6 +138,11 @@ class DecoderLayer : public Module {
   // Pre-norm residual block: h = x + attn(norm1(x)); out = h + mlp(norm2(h)), with the second
   // residual add fused into norm2.
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  // The same layer with the residual adds left to the caller, so each meets the next RMSNorm in one fused
+  // kernel: the layer's input is residual + x (just x when residual is undefined); returns (mlp output, h)
+  // whose sum is forward()'s output.
+  std::pair<Variable, Variable> forward_unsummed(const Variable& x, const Variable& residual,
+                                                 const ForwardContext& ctx) const;
   void fuse_projections() {
     self_attn_->fuse_projections();
     mlp_->fuse_projections();
