@@ -138,6 +138,91 @@ void model_ops(const Model& m) {
   }
 }
 
+// Each op of a batch-1 decode step, timed as a decode step runs it: 50 calls captured in one CUDA graph and
+// replayed, so the figure is the GPU's time per call without the host's launch cost (what the engine's
+// graphs pay). op "decode_step/<op>".
+void decode_step_ops(const Model& m) {
+  if (!g_filter.empty() && (std::string("decode_step ") + m.name).find(g_filter) == std::string::npos &&
+      g_filter.find("decode_step") == std::string::npos) {
+    return;
+  }
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  const int64_t kv = m.kv_heads * m.head_dim, q = m.heads * m.head_dim, context = 256, block = 16;
+  Tensor x, residual, norm_w, w_qkv, b_qkv, w_o, w_gate_up, w_down, embed, k_pool, v_pool, tables, seq, pos, slots;
+  Tensor gate_up, qk, rope_pos, logits;
+  SamplerRows rows;
+  {
+    cuda::StreamGuard on(stream);
+    x = random({1, m.hidden}), residual = random({1, m.hidden}), norm_w = random({m.hidden});
+    w_qkv = random({q + 2 * kv, m.hidden}, DType::bf16, -0.05, 0.05), b_qkv = random({q + 2 * kv});
+    w_o = random({m.hidden, q}, DType::bf16, -0.05, 0.05);
+    w_gate_up = random({2 * m.intermediate, m.hidden}, DType::bf16, -0.05, 0.05);
+    w_down = random({m.hidden, m.intermediate}, DType::bf16, -0.05, 0.05);
+    embed = random({m.vocab, m.hidden}, DType::bf16, -0.05, 0.05);
+    k_pool = random({context / block, block, m.kv_heads, m.head_dim});
+    v_pool = random({context / block, block, m.kv_heads, m.head_dim});
+    tables = Tensor::arange(context / block, DType::i32, kGpu).reshape({1, context / block});
+    seq = Tensor::zeros({1}, DType::i32, kGpu);
+    pos = Tensor::full({1}, static_cast<double>(context - 1), DType::i32, kGpu);
+    slots = Tensor::full({1}, static_cast<double>(context - 1), DType::i32, kGpu);
+    rope_pos = Tensor::full({1, 1}, static_cast<double>(context - 1), DType::i32, kGpu);
+    gate_up = random({1, 2 * m.intermediate});
+    qk = random({1, 1, m.heads + m.kv_heads, m.head_dim});
+    logits = random({1, m.vocab});
+    rows = make_sampler_rows(std::vector<float>{0, 0, 1, 0, 1, 0, 0, 0}, {1}, m.vocab, {}, kGpu);
+  }
+  stream.synchronize();
+  RopeParams rope_params;
+  rope_params.theta = 1e6;
+  auto graph_timed = [&](const std::string& op, const std::string& shape, double bytes,
+                         const std::function<void()>& fn) {
+    constexpr int kCalls = 50, kReplays = 20;
+    cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
+      for (int i = 0; i < kCalls; ++i) fn();
+    });
+    graph.replay();
+    stream.synchronize();
+    cuda::Event start(0), end(0);
+    start.record(stream);
+    for (int i = 0; i < kReplays; ++i) graph.replay();
+    end.record(stream);
+    end.synchronize();
+    const double ms = cuda::Event::elapsed_ms(start, end) / (kCalls * kReplays);
+    std::printf("{\"op\": \"decode_step/%s\", \"model\": \"%s\", \"tokens\": 1, \"shape\": \"%s\", \"ms\": %.6f, "
+                "\"bytes\": %.0f, \"flops\": 0}\n",
+                op.c_str(), m.name, shape.c_str(), ms, bytes);
+    std::fflush(stdout);
+  };
+  const double e = 2;
+  graph_timed("rms_norm_residual", str_cat("[1, ", m.hidden, "]"), e * 4 * m.hidden, [&] { rms_norm_residual(x, residual, norm_w, 1e-6); });
+  graph_timed("linear_qkv", str_cat("[1, ", m.hidden, "] x [", q + 2 * kv, ", ", m.hidden, "]"), e * w_qkv.numel(),
+              [&] { linear(x, w_qkv, b_qkv); });
+  graph_timed("rope_qk", str_cat("[1, 1, ", m.heads + m.kv_heads, ", ", m.head_dim, "]"), e * 2 * qk.numel(),
+              [&] { rope(qk, rope_pos, rope_params); });
+  graph_timed("paged_kv_write", str_cat("[1, ", m.kv_heads, ", ", m.head_dim, "]"), e * 4 * kv, [&] {
+    paged_kv_write(k_pool, v_pool, qk.reshape({1, m.heads + m.kv_heads, m.head_dim}).narrow(1, 0, m.kv_heads),
+                   qk.reshape({1, m.heads + m.kv_heads, m.head_dim}).narrow(1, 0, m.kv_heads), slots);
+  });
+  const Tensor pq = random({1, m.heads, m.head_dim});
+  graph_timed("paged_attention", str_cat("ctx ", context, " max_ctx ", context), e * 2 * context * kv,
+              [&] { paged_attention(pq, k_pool, v_pool, tables, seq, pos, 0, context); });
+  graph_timed("linear_o", str_cat("[1, ", q, "] x [", m.hidden, ", ", q, "]"), e * w_o.numel(),
+              [&] { linear(pq.reshape({1, q}), w_o); });
+  graph_timed("linear_gate_up", str_cat("[1, ", m.hidden, "] x [", 2 * m.intermediate, ", ", m.hidden, "]"),
+              e * w_gate_up.numel(), [&] { linear(x, w_gate_up); });
+  graph_timed("swiglu", str_cat("[1, ", m.intermediate, "]"), e * 3 * m.intermediate, [&] {
+    swiglu(gate_up.narrow(1, 0, m.intermediate), gate_up.narrow(1, m.intermediate, m.intermediate));
+  });
+  graph_timed("linear_down", str_cat("[1, ", m.intermediate, "] x [", m.hidden, ", ", m.intermediate, "]"),
+              e * w_down.numel(), [&] { linear(gate_up.narrow(1, 0, m.intermediate), w_down); });
+  graph_timed("lm_head", str_cat("[1, ", m.hidden, "] x [", m.vocab, ", ", m.hidden, "]"), e * embed.numel(),
+              [&] { linear(x, embed); });
+  graph_timed("sample_tokens_greedy", str_cat("[1, ", m.vocab, "]"), e * m.vocab, [&] { sample_tokens(logits, rows); });
+  graph_timed("embedding", str_cat("[1] of [", m.vocab, ", ", m.hidden, "]"), e * 2 * m.hidden,
+              [&] { embedding(embed, seq.reshape({1, 1})); });
+}
+
 // Bandwidth-bound ops on >= 64 MB, against the device-to-device copy ceiling.
 void bandwidth_ops() {
   const int64_t rows = 16384, cols = 4096;  // 64 M elements: 128 MB in bf16
@@ -207,5 +292,6 @@ int main(int argc, char** argv) {
   bandwidth_ops();
   sampling_ops();
   for (const Model& m : kModels) model_ops(m);
+  for (const Model& m : kModels) decode_step_ops(m);
   return 0;
 }

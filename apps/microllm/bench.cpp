@@ -33,6 +33,7 @@
 #include "commands.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
+#include "microllm/backend/op_timing.h"
 #include "microllm/core/threads.h"
 #include "microllm/generate/engine.h"
 #include "microllm/models/config.h"
@@ -61,6 +62,7 @@ struct BenchCliOptions {
   std::string json;
   int threads = 0;
   std::string path = "engine";  // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
+  bool op_times = false;        // time every op with CUDA events (graphs off) and print the slowest per test
   int64_t prefill_chunk = 2048;
   // Whether the test lists came from the command line (then a test that cannot run is an error).
   bool prompts_given = false, new_tokens_given = false, batches_given = false, workloads_given = false;
@@ -82,6 +84,7 @@ struct Row {
   std::vector<double> tokens_per_second;
   double tokens = 0;        // counted tokens per repetition (generated ones for a workload)
   double total_tokens = 0;  // prompt + generated tokens per repetition
+  std::vector<OpTiming> op_times;  // --op-times: over the timed repetitions
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -402,6 +405,7 @@ void run_bench(const BenchCliOptions& o) {
   }
 
   const bool progress = isatty(STDERR_FILENO);
+  if (o.op_times) set_op_timing(true);
   autograd::NoGradGuard no_grad;
   Runner runner(*model, device, dtype, o.seed + 1);
   std::vector<Row> rows;
@@ -417,11 +421,12 @@ void run_bench(const BenchCliOptions& o) {
       e.dtype = dtype;
       e.prefill_chunk = o.prefill_chunk;
       e.kv_blocks = t.batch * ((capacity + 1 + e.block_size - 1) / e.block_size);
+      e.cuda_graphs = !o.op_times;  // events cannot bracket the ops of a replayed graph
       engine = std::make_unique<generate::Engine>(*model, e);
     } else {
       cache = std::make_unique<nn::KvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype, device);
     }
-    Row row{t, {}, {}, 0, 0};
+    Row row{t, {}, {}, 0, 0, {}};
     row.tokens = static_cast<double>(t.batch * (t.kind == Kind::prefill ? t.prompt : t.generated));
     row.total_tokens = static_cast<double>(t.batch * (t.prompt + t.generated));
     for (int i = 0; i < o.warmup + o.reps; ++i) {
@@ -429,11 +434,13 @@ void run_bench(const BenchCliOptions& o) {
         std::cerr << "\rbench: " << t.name << " batch " << t.batch << (i < o.warmup ? " warm-up" : " rep ")
                   << (i < o.warmup ? std::string() : std::to_string(i - o.warmup + 1)) << "   " << std::flush;
       }
+      if (o.op_times && i == o.warmup) reset_op_timings();
       const double s = engine ? runner.run_engine(t, *engine) : runner.run(t, *cache);
       if (i < o.warmup) continue;
       row.seconds.push_back(s);
       row.tokens_per_second.push_back(s > 0 ? row.tokens / s : 0);
     }
+    if (o.op_times) row.op_times = op_timings();
     rows.push_back(std::move(row));
   }
   if (progress) std::cerr << "\r\033[K" << std::flush;
@@ -467,6 +474,18 @@ void run_bench(const BenchCliOptions& o) {
     out << "\nppP+tgN: prefill then decode end to end; t/s counts the batch x N generated tokens.\n";
   }
   for (const auto& [t, reason] : skipped) out << "skipped (a default test): " << reason << "\n";
+  for (const Row& r : rows) {  // --op-times: where the time of each test goes
+    if (r.op_times.empty()) continue;
+    double total = 0;
+    for (const OpTiming& op : r.op_times) total += op.total_ms;
+    out << "\nop times, " << r.test.name << " batch " << r.test.batch << " (per repetition; GPU time " << format_rate(total / o.reps)
+        << " ms of " << format_rate(1e3 * median(r.seconds)) << " ms wall):\n| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n";
+    for (size_t i = 0; i < r.op_times.size() && i < 12; ++i) {
+      const OpTiming& op = r.op_times[i];
+      out << "| " << op.op << " | " << op.calls / o.reps << " | " << format_rate(op.total_ms / o.reps) << " | "
+          << format_rate(100 * op.total_ms / total) << "% |\n";
+    }
+  }
   std::cout << out.str() << std::flush;
 
   if (!o.json.empty()) {
@@ -557,6 +576,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--path", o->path, "engine: the serving engine (paged KV cache, CUDA graphs); plain: forward + KvCache")
       ->check(CLI::IsMember({"engine", "plain"}))
       ->capture_default_str();
+  cmd->add_flag("--op-times", o->op_times,
+                "CUDA: time every op with events (the engine without CUDA graphs) and print the slowest per test");
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Engine: prompt tokens per prefill forward")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -16,6 +16,7 @@
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
+#   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table
 #   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
 #                    bounded by its timeouts, so give them one device call each when in doubt):
 #   infer-bench      benchmarks/inference_vs_transformers.py, microllm bench vs transformers (pp512, pp2048,
@@ -180,6 +181,26 @@ step_engine_bench() {
   done
 }
 
+# Where a decode step's time goes: per-op CUDA event times (graphs off), and Nsight Systems' kernel table of
+# the graph-replayed steps when nsys is there.
+step_engine_profile() {
+  local config=tests/fixtures/configs/qwen2.5-0.5b.json
+  timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -p 0 -n 64 -b 1,8 --workload none \
+    -r 2 --op-times > "$RES/logs/bench_op_times.log" 2>&1
+  echo "== microllm bench --op-times: exit $?"; cat "$RES/logs/bench_op_times.log"
+  local nsys_bin
+  nsys_bin=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$nsys_bin" ]; then
+    timeout 200 "$nsys_bin" profile -o /tmp/engine --force-overwrite true --cuda-graph-trace=node \
+      "$bin/microllm" bench --config $config --device cuda --dtype bf16 -p 0 -n 64 -b 1 --workload none -r 1 \
+      > "$RES/logs/nsys.log" 2>&1
+    "$nsys_bin" stats --report cuda_gpu_kern_sum --format csv /tmp/engine.nsys-rep > "$RES/nsys_kernels.csv" 2>&1
+    echo "== nsys kernels (graph nodes)"; head -30 "$RES/nsys_kernels.csv" | cut -c1-220
+  else
+    echo "== no nsys on this machine"
+  fi
+}
+
 # microllm serve needs a model directory: random weights from transformers (bf16) and a real tokenizer.
 step_infer_serve() {
   local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64} server
@@ -222,6 +243,7 @@ for step in "${steps[@]}"; do
     train-throughput) step_train_throughput ;;
     rms-sweep) step_rms_sweep ;;
     engine-bench) step_engine_bench ;;
+    engine-profile) step_engine_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;
     infer-serve) step_infer_serve ;;

@@ -13,8 +13,8 @@ for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench benchm
   [ -f "$build/$program" ] && cp "$build/$program" .device/bin/
 done
 for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done
-# Libraries the GPU machine's image lacks (its Ubuntu has no utf8proc).
-cp -L /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 .device/lib/
+# Libraries the GPU machine's image lacks (its Ubuntu has no utf8proc, no cpp-httplib).
+cp -L /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 /usr/lib/x86_64-linux-gnu/libcpp-httplib.so.0.11 .device/lib/
 strip --strip-debug .device/bin/* .device/lib/*.so.* 2>/dev/null || true
 du -sh .device
 # The tokenizer files for the oracles, compressed (they are 30 MB as JSON).
