@@ -108,8 +108,8 @@ TEST_P(CudaParityTest, MatmulAndLinear) {
            {"transposed b", {a, w}, [](const Tensors& in) { return Tensors{matmul(in[0], in[1], false, true)}; }},
            {"transposed a", {a, a}, [](const Tensors& in) { return Tensors{matmul(in[0], in[1], true, false)}; }},
            {"linear + bias", {a, w, bias}, [](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }},
-           // Decode-sized rows (m <= 8: the GEMV kernel for bf16/f16), one and several, with and without bias,
-           // a strided row view, and k not a multiple of 8 (cuBLASLt).
+           // Decode-sized rows (m <= 8), one and several, with and without bias, a strided row view, k not a
+           // multiple of 8.
            {"linear, one row", {rand({1, 1, 96}), w, bias}, [](const Tensors& in) { return Tensors{linear(in[0], in[1], in[2])}; }},
            {"linear, 5 rows", {rand({5, 96}), w}, [](const Tensors& in) { return Tensors{linear(in[0], in[1])}; }},
            {"linear, 8 strided rows", {rand({8, 3, 96}), w, bias}, [](const Tensors& in) { return Tensors{linear(in[0].select(1, 2), in[1], in[2])}; }},

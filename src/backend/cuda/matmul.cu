@@ -7,92 +7,17 @@
 // cuBLASLt refuses runs a plain fallback kernel instead.
 #include <climits>
 #include <memory>
-#include <type_traits>
 #include <mutex>
 #include <unordered_map>
 
 #include "common.cuh"
 #include "cublaslt.h"
-#include "rows.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 
 namespace microllm {
 namespace cuda_kernels {
 namespace {
-
-// ---- decode-sized linear layers: out [m, n] = x [m, k] @ w[n, k]^T (+ bias), m <= 8 ----
-
-constexpr int64_t kGemvMaxRows = 8;
-constexpr int kGemvThreads = 256;
-
-// A warp per output column j: its lanes stream w's row j in 16-byte loads (coalesced: the warp reads 512
-// contiguous bytes per step) and dot it with the M rows of x (L1/L2 hits: every warp reads the same x), f32
-// accumulation, one rounding after the bias (as cuBLASLt's epilogue). At m <= 8 a GEMM is a weight-bandwidth
-// problem; cuBLASLt's tiles are made for larger m (measured: docs/perf/inference.md).
-template <typename T, int M>
-__global__ void __launch_bounds__(kGemvThreads) gemv_rows(const T* __restrict__ x, int64_t x_stride,
-                                                          const T* __restrict__ w, int64_t w_stride,
-                                                          const T* __restrict__ bias, int64_t bias_stride,
-                                                          T* __restrict__ out, int rows, int64_t n, int64_t k) {
-  const int64_t j = (static_cast<int64_t>(blockIdx.x) * kGemvThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (j >= n) return;  // whole warps leave together
-  const T* w_row = w + j * w_stride;
-  float acc[M] = {};
-#pragma unroll 4
-  for (int64_t p = lane * 8; p < k; p += 32 * 8) {
-    float wv[8];
-    load8(w_row + p, wv);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (m < rows) {
-        float xv[8];
-        load8(x + m * x_stride + p, xv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[m] += wv[i] * xv[i];
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
-  if (lane == 0) {
-    const float b = bias ? to_acc(bias[j * bias_stride]) : 0.0f;
-    for (int m = 0; m < rows; ++m) out[m * n + j] = from_acc<T>(acc[m] + b);
-  }
-}
-
-// Runs a linear layer's product with gemv_rows when it is one (bf16/f16, m <= 8, rows of 16-byte aligned
-// packs); false leaves it to cuBLASLt.
-template <typename T>
-bool try_gemv(const Tensor& a, const Tensor& b, bool ta, bool tb, const T* bias, int64_t bias_stride,
-              const Tensor& out, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    return false;
-  } else {
-    if (ta || !tb || a.dim() != 2 || b.dim() != 2 || out.dim() != 2) return false;
-    const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
-    if (m > kGemvMaxRows || k % 8 != 0 || a.stride(1) != 1 || b.stride(1) != 1 || a.stride(0) % 8 != 0 ||
-        b.stride(0) % 8 != 0 || !rows::aligned16(a.data_ptr()) || !rows::aligned16(b.data_ptr())) {
-      return false;
-    }
-    const auto* x = static_cast<const T*>(a.data_ptr());
-    const auto* w = static_cast<const T*>(b.data_ptr());
-    auto* y = static_cast<T*>(out.data_ptr());
-    const auto blocks = static_cast<unsigned>((n * 32 + kGemvThreads - 1) / kGemvThreads);
-    const int rows = static_cast<int>(m);
-    auto launch = [&]<int M>() {
-      gemv_rows<T, M><<<blocks, kGemvThreads, 0, stream>>>(x, a.stride(0), w, b.stride(0), bias, bias_stride, y, rows,
-                                                          n, k);
-    };
-    if (m <= 1) launch.template operator()<1>();
-    else if (m <= 2) launch.template operator()<2>();
-    else if (m <= 4) launch.template operator()<4>();
-    else launch.template operator()<8>();
-    MICROLLM_CUDA_CHECK_LAUNCH();
-    return true;
-  }
-}
 
 // ---- kernels for what cuBLASLt does not do ----
 
@@ -372,8 +297,6 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
     MICROLLM_CUDA_CHECK_LAUNCH();
     return;
   }
-  if (try_gemv<T>(a_in, b_in, ta, tb, bias_data, bias_stride, out, launch.stream)) return;
-
   // Operands cuBLASLt can read in place; others become contiguous (a device copy on this stream).
   Tensor a = a_in, b = b_in;
   LtOperand lt_a{}, lt_b{};  // lt_a describes our b (cuBLASLt's A), lt_b our a
