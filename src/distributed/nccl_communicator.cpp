@@ -48,6 +48,13 @@ ncclDataType_t nccl_type(DType dtype) {
   }
 }
 
+// Aborts a live communicator exactly once: it must leave the registry first, or abort_job and the destructor
+// would abort (free) it a second time.
+void abort_once(ncclComm_t comm) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  if (g_registry.erase(comm) > 0) ncclCommAbort(comm);
+}
+
 // Polls a non-blocking communicator until its state leaves ncclInProgress: ncclSuccess returns, an error or
 // the timeout throws (after aborting the communicator, which every later call then reports).
 void wait_ready(ncclComm_t comm, ncclResult_t result, const char* call, int rank, double timeout_seconds,
@@ -55,7 +62,7 @@ void wait_ready(ncclComm_t comm, ncclResult_t result, const char* call, int rank
   const auto start = Clock::now();
   while (result == ncclInProgress) {
     if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds) {
-      ncclCommAbort(comm);
+      abort_once(comm);
       throw BackendError("nccl", str_cat(call, " on rank ", rank, " did not complete within ", timeout_seconds,
                                          " s (a peer is gone or stuck); the communicator was aborted"));
     }
@@ -153,23 +160,28 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; wait_ready polls with the timeout
     const ncclResult_t init = ncclCommInitRankConfig(&comm_, world_, id, rank_, &config);
+    {
+      std::lock_guard<std::mutex> lock(g_registry_mutex);
+      g_registry.insert(comm_);
+    }
     wait_ready(comm_, init, "ncclCommInitRankConfig", rank_, timeout_, __FILE__, __LINE__);
     MICROLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    g_registry.insert(comm_);
   }
 
   ~NcclCommunicator() override {
+    bool alive = false;  // not aborted by a timeout already
     {
       std::lock_guard<std::mutex> lock(g_registry_mutex);
-      g_registry.erase(comm_);
+      alive = g_registry.erase(comm_) > 0;
     }
-    try {
-      ::microllm::detail::CudaDeviceGuard guard(device_.index);
-      MICROLLM_NCCL_CALL(ncclCommFinalize(comm_));  // flushes what was issued, with the timeout
-      ncclCommDestroy(comm_);
-    } catch (...) {
-      ncclCommAbort(comm_);  // finalizing failed or hung: free the resources regardless
+    if (alive) {
+      try {
+        ::microllm::detail::CudaDeviceGuard guard(device_.index);
+        MICROLLM_NCCL_CALL(ncclCommFinalize(comm_));  // flushes what was issued, with the timeout
+        ncclCommDestroy(comm_);
+      } catch (...) {
+        ncclCommAbort(comm_);  // finalizing failed or hung: free the resources regardless
+      }
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -293,11 +305,11 @@ void NcclWork::wait() {
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(owner_->comm(), &async);
     if (async != ncclSuccess && async != ncclInProgress) {
-      ncclCommAbort(owner_->comm());
+      abort_once(owner_->comm());
       throw_nccl(async, nullptr, "a collective", owner_->rank(), __FILE__, __LINE__);
     }
     if (std::chrono::duration<double>(Clock::now() - start).count() > owner_->timeout()) {
-      ncclCommAbort(owner_->comm());
+      abort_once(owner_->comm());
       throw BackendError("nccl", str_cat("a collective on rank ", owner_->rank(), " of ", owner_->world_size(),
                                          " did not finish within ", owner_->timeout(),
                                          " s (a peer is gone or stuck); the communicator was aborted"));
