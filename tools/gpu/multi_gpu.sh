@@ -11,6 +11,7 @@
 #      share of all-reduce time hidden behind backward (time_collectives: CUDA events)
 #   3. ZeRO-1 at N: peak memory per rank against plain DDP
 #   4. failure: kill one rank mid-run; how long the others take to exit (collective timeout 30 s)
+# MULTI_STEPS picks some of them: "correctness scaling failure" (the default; scaling includes ZeRO-1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
@@ -49,6 +50,8 @@ single() {
   echo "== $name (1 GPU): exit $?"; tail -2 "$RES/logs/$name.log"
 }
 
+steps=" ${MULTI_STEPS:-correctness scaling failure} "
+if [[ $steps == *" correctness "* ]]; then
 # 1. correctness. The 1-GPU reference trains on the same global batches split the way the N ranks split
 # them: batch_size / N rows per micro-batch, grad_accum N (the sampler draws rows in order, so micro-batch r
 # holds rank r's rows), hence the ranks' GEMM shapes and the same per-pass sums; autograd adds each pass's
@@ -90,6 +93,9 @@ compare("model-s bf16-mixed", "modelsN", "models1pass", "1 GPU in one pass", "",
 EOF
 save
 
+fi
+
+if [[ $steps == *" scaling "* ]]; then
 # 2. scaling and 3. ZeRO-1
 qwen=(--preset tests/fixtures/configs/qwen2.5-0.5b.json --data /tmp/kjv --precision bf16-mixed --seq-len 1024 \
   --steps 25 --warmup 5 --lr 3e-4 --eval-interval 0 --set log_interval=5 --set eval_batches=1)
@@ -127,6 +133,9 @@ print("peak memory, ZeRO-1:   ", peaks("qwenN_zero1.rank0.log"))
 EOF
 save
 
+fi
+
+if [[ $steps == *" failure "* ]]; then
 # 4. failure: kill rank N-1 (SIGKILL) once rank 0 has logged a training step; the others must exit with an
 # error within 60 s. No launcher watches these ranks (torchrun or mpirun would end them at once): they must
 # notice by themselves, through NCCL's asynchronous error or the collective timeout, set to 30 s here.
@@ -160,3 +169,4 @@ done
 wait "${pids[$((N - 1))]}"
 tail -3 "$RES/logs/fail.rank0.log" | tee -a "$RES/failure.txt"
 save
+fi

@@ -143,8 +143,13 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
       x_row = args.x + off[0];
       r_row = args.residual ? args.residual + off[1] : nullptr;
     }
-    Pack<V, T> h[P];
+    Pack<V, T> h[P], w[P];
     A sum_sq = 0;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {  // the weight's loads are issued with the row's, before the reduction waits
+      const int64_t p = lane + q * TPR;
+      if (active && p < groups) w[q] = reinterpret_cast<const Pack<V, T>*>(args.weight)[p];
+    }
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
@@ -167,10 +172,10 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
       if (p < groups) {
-        A values[V];
+        A y[V];
 #pragma unroll
-        for (int v = 0; v < V; ++v) values[v] = to_acc(h[q].v[v]);
-        store_y<T, V>(args, row, p, values, rstd);
+        for (int v = 0; v < V; ++v) y[v] = to_acc(w[q].v[v]) * round_to<T>(to_acc(h[q].v[v]) * rstd);
+        store_group<T, V>(args.out + row * args.n, p, y);
       }
     }
   }
