@@ -20,6 +20,7 @@
 
 #include "attention_kernels.h"
 #include "common.cuh"
+#include "decode_phases.cuh"
 
 namespace microllm::cuda_kernels::attention {
 namespace {
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_partial_kernel(const Decod
   const int n = min(chunk, a.kv_len - c0);  // >= 1
   const int r0 = rb * R;
   const int nr = min(R, a.rows_per_group - r0);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x;
 
   // Row r of this CTA: query head h = hk * group + (r0 + r) / T, query row i = (r0 + r) % T.
   auto head_of = [&](int r) { return hk * a.group + (r0 + r) / a.q_len; };
@@ -98,21 +99,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_partial_kernel(const Decod
   // ---- phase 1: scores, one key per thread, all rows at once ----
   for (int jj = tid; jj < n; jj += kDecThreads) {
     const int j = c0 + jj;
-    const T* kr = kg + static_cast<int64_t>(j) * a.k_stride[2];
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    for (int d0 = 0; d0 < D; d0 += 8) {
-      float kx[8];
-      load8(kr + d0, kx);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float4 qa = *reinterpret_cast<const float4*>(sq + r * D + d0);  // broadcast: same address
-        const float4 qb = *reinterpret_cast<const float4*>(sq + r * D + d0 + 4);
-        acc[r] += qa.x * kx[0] + qa.y * kx[1] + qa.z * kx[2] + qa.w * kx[3] + qb.x * kx[4] + qb.y * kx[5] +
-                  qb.z * kx[6] + qb.w * kx[7];
-      }
-    }
+    decode_phases::dot_rows<R>(kg + static_cast<int64_t>(j) * a.k_stride[2], sq, D, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       bool visible = r < nr;
@@ -130,52 +118,14 @@ __global__ void __launch_bounds__(kDecThreads) decode_partial_kernel(const Decod
   __syncthreads();
 
   // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 when the row sees nothing) ----
-  for (int r = warp; r < R; r += kDecThreads / 32) {
-    float m = -INFINITY;
-    for (int jj = lane; jj < n; jj += 32) m = fmaxf(m, sc[r * chunk + jj]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int jj = lane; jj < n; jj += 32) {
-      const float p = m == -INFINITY ? 0.f : expf(sc[r * chunk + jj] - m);
-      sc[r * chunk + jj] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      sm[r] = m;
-      sl[r] = l;
-    }
-  }
+  decode_phases::softmax_rows<R>(sc, chunk, n, sm, sl, kDecThreads / 32);
   __syncthreads();
 
-  // ---- phase 3: o = sum_j p_j v_j; thread = (dims dc*8..+8, keys ks, ks + slices, ...) ----
-  const int dims8 = D / 8, slices = slices_cap;
-  const int dc = tid % dims8, ks = tid / dims8;
-  float acc[R][8];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
-  if (ks < slices) {
-    for (int jj = ks; jj < n; jj += slices) {
-      float vx[8];
-      load8(vg + static_cast<int64_t>(c0 + jj) * a.v_stride[2] + dc * 8, vx);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float p = sc[r * chunk + jj];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
-      }
-    }
-  }
-  __syncthreads();  // sc is dead; red overwrites the same space
-  if (ks < slices) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) red[(ks * R + r) * D + dc * 8 + e] = acc[r][e];
-  }
-  __syncthreads();
+  // ---- phase 3: o = sum_j p_j v_j, per key slice into red ----
+  decode_phases::accumulate_pv<R, kDecThreads, T>(sc, chunk, n, D, red, [&](int jj) {
+    return vg + static_cast<int64_t>(c0 + jj) * a.v_stride[2];
+  });
+  const int slices = slices_cap;
   for (int idx = tid; idx < nr * D; idx += kDecThreads) {
     const int r = idx / D, d = idx % D;
     float o = 0.f;

@@ -28,6 +28,7 @@
 #include "../../core/cuda/device_errors.h"
 #include "attention_kernels.h"
 #include "common.cuh"
+#include "decode_phases.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
   const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
   const int split = blockIdx.y, c0 = split * chunk;
   const int r0 = rb * R, nr = min(R, a.group - r0);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x;
   const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0;
   const Token tok = resolve(a, n, reporter);
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
@@ -152,77 +153,22 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
   const T* kp = static_cast<const T*>(a.k_pool);
   const T* vp = static_cast<const T*>(a.v_pool);
   for (int jj = tid; jj < nk; jj += kCtaThreads) {
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    float acc[R] = {};
     const bool valid = koff[jj] >= 0;
-    if (valid) {
-      const T* kr = kp + koff[jj];
-      for (int d0 = 0; d0 < D; d0 += 8) {
-        float kx[8];
-        load8(kr + d0, kx);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float4 qa = *reinterpret_cast<const float4*>(sq + r * D + d0);  // broadcast: same address
-          const float4 qb = *reinterpret_cast<const float4*>(sq + r * D + d0 + 4);
-          acc[r] += qa.x * kx[0] + qa.y * kx[1] + qa.z * kx[2] + qa.w * kx[3] + qb.x * kx[4] + qb.y * kx[5] +
-                    qb.z * kx[6] + qb.w * kx[7];
-        }
-      }
-    }
+    if (valid) decode_phases::dot_rows<R>(kp + koff[jj], sq, D, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
   }
   __syncthreads();
 
   // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
-  for (int r = warp; r < R; r += kCtaThreads / 32) {
-    float m = -INFINITY;
-    for (int jj = lane; jj < nk; jj += 32) m = fmaxf(m, sc[r * chunk + jj]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int jj = lane; jj < nk; jj += 32) {
-      const float s = sc[r * chunk + jj];
-      const float p = s == -INFINITY ? 0.f : expf(s - m);
-      sc[r * chunk + jj] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      sm[r] = m;
-      sl[r] = l;
-    }
-  }
+  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kCtaThreads / 32);
   __syncthreads();
 
-  // ---- phase 3: o = sum_j p_j v_j; thread = (dims dc*8..+8, keys ks, ks + slices, ...) ----
-  const int dims8 = D / 8, dc = tid % dims8, ks = tid / dims8;
-  float acc[R][8];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
-  if (ks < slices) {
-    for (int jj = ks; jj < nk; jj += slices) {
-      if (voff[jj] < 0) continue;  // bad block: p is 0, and the row must not be read
-      float vx[8];
-      load8(vp + voff[jj] + dc * 8, vx);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float p = sc[r * chunk + jj];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
-      }
-    }
-  }
-  __syncthreads();  // sc is dead; red overwrites the same space
-  if (ks < slices) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) red[(ks * R + r) * D + dc * 8 + e] = acc[r][e];
-  }
-  __syncthreads();
+  // ---- phase 3: o = sum_j p_j v_j, per key slice into red (a bad block's key is skipped: its p is 0) ----
+  decode_phases::accumulate_pv<R, kCtaThreads, T>(sc, chunk, nk, D, red, [&](int jj) {
+    return voff[jj] < 0 ? nullptr : vp + voff[jj];
+  });
   for (int idx = tid; idx < nr * D; idx += kCtaThreads) {
     const int r = idx / D, d = idx % D;
     float o = 0.f;
