@@ -35,7 +35,6 @@ struct Sequence {
   int32_t next_token = -1;      // the token the next decode step feeds (the prompt's last, then each sampled
                                 // one); -1 while the prompt is prefilled
   Generation result;
-  bool cancelled = false;
 };
 
 }  // namespace
