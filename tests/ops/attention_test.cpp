@@ -281,14 +281,7 @@ TEST_P(AttentionTest, ContractErrorsNameTheOp) {
   auto t = [&](Shape shape, DType dtype = DType::f32) { return random_tensor(shape, dtype, device()); };
   const Tensor q = t({2, 4, 3, 8}), k = t({2, 2, 5, 8}), v = t({2, 2, 5, 8});
   const AttentionParams p;  // causal, q_offset 0
-  auto message = [](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  const auto message = testing::error_message;
   EXPECT_THROW(attention(t({2, 4, 3}), k, v, p), ShapeError);                   // rank
   EXPECT_THROW(attention(q, t({3, 2, 5, 8}), t({3, 2, 5, 8}), p), ShapeError);  // batch
   EXPECT_THROW(attention(q, t({2, 2, 5, 6}), t({2, 2, 5, 6}), p), ShapeError);  // head dim

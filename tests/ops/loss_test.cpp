@@ -137,14 +137,7 @@ TEST_P(CrossEntropyTest, ContractErrorsNameTheOpAndPosition) {
   const Tensor logits = random_tensor({4, 5}, DType::f32, device());
   const Tensor targets = Tensor::from_vector<int64_t>({0, 1, 2, 3}, {4}).to(device());
   const Tensor one = Tensor::scalar(1.0, DType::f32, device());
-  auto message = [](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  const auto message = testing::error_message;
   EXPECT_THROW(cross_entropy(Tensor::zeros({4, 5}, DType::i32, device()), targets), DTypeError);
   EXPECT_THROW(cross_entropy(logits, targets.to(DType::f32)), DTypeError);
   EXPECT_THROW(cross_entropy(logits, Tensor::zeros({5}, DType::i64, device())), ShapeError);

@@ -248,14 +248,7 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   auto i32 = [&](Shape shape) { return Tensor::zeros(shape, DType::i32, device()); };
   const Tensor kp = t({4, 8, 2, 16}), vp = t({4, 8, 2, 16}), q = t({3, 4, 16});
   const Tensor bt = i32({2, 4}), ids = i32({3}), pos = i32({3});
-  auto message = [](auto&& call) -> std::string {
-    try {
-      call();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
+  const auto message = testing::error_message;
   auto expect = [&](const std::string& m, const char* op, const char* arg) {
     EXPECT_NE(m.find(std::string("[") + op + "]"), std::string::npos) << m;
     EXPECT_NE(m.find(arg), std::string::npos) << m;

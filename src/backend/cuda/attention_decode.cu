@@ -151,30 +151,9 @@ __global__ void __launch_bounds__(kDecThreads)
   float* w = combine_smem;       // [n_split]
   float* scratch = w + n_split;  // [32]
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* m = part_m + row * n_split;
-    const float* l = part_l + row * n_split;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < n_split; s += blockDim.x) mx = fmaxf(mx, m[s]);
-    mx = block_max(mx, scratch);
-    float sum = 0.f;
-    for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
-      const float ws = mx == -INFINITY || m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
-      w[s] = ws;
-      sum += ws * l[s];
-    }
-    sum = block_sum(sum, scratch);  // its barriers also publish w
-    T* o = out + row * D;
-    const bool empty = !(sum > 0.f);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc = 0.f;
-      if (!empty) {
-        for (int s = 0; s < n_split; ++s) acc += w[s] * part_o[(row * n_split + s) * D + d];
-        acc /= sum;
-      }
-      o[d] = from_acc<T>(acc);
-    }
-    if (threadIdx.x == 0) lse[row] = empty ? -INFINITY : mx + logf(sum);
-    __syncthreads();  // w is rewritten for the next row
+    const float2 stats = decode_phases::combine_row(part_m + row * n_split, part_l + row * n_split,
+                                                    part_o + row * n_split * D, n_split, D, w, scratch, out + row * D);
+    if (threadIdx.x == 0) lse[row] = stats.y > 0.f ? stats.x + logf(stats.y) : -INFINITY;
   }
 }
 

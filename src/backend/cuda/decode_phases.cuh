@@ -91,4 +91,33 @@ __device__ __forceinline__ void accumulate_pv(const float* sc, int chunk, int ke
   __syncthreads();
 }
 
+// The combine, one output row of `used` splits with stats (m_s, l_s) and partial sums part_o [split][D]:
+// out[d] = sum_s w_s o_s[d] / sum_s w_s l_s with w_s = e^(m_s - max m), 0 when no split saw a key. w (shared,
+// [used]) and scratch ([32]) are block workspace; returns (max m, the denominator) for a log-sum-exp. Every
+// thread of the block must call it; it ends with a barrier, so w may be reused for the next row.
+template <typename T>
+__device__ __forceinline__ float2 combine_row(const float* m, const float* l, const float* part_o, int used, int D,
+                                              float* w, float* scratch, T* out) {
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < used; s += blockDim.x) mx = fmaxf(mx, m[s]);
+  mx = block_max(mx, scratch);
+  float sum = 0.f;
+  for (int s = threadIdx.x; s < used; s += blockDim.x) {
+    const float ws = mx == -INFINITY || m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
+    w[s] = ws;
+    sum += ws * l[s];
+  }
+  sum = block_sum(sum, scratch);  // its barriers also publish w
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.f;
+    if (sum > 0.f) {
+      for (int s = 0; s < used; ++s) acc += w[s] * part_o[s * D + d];
+      acc /= sum;
+    }
+    out[d] = from_acc<T>(acc);
+  }
+  __syncthreads();  // w is rewritten for the next row
+  return make_float2(mx, sum);
+}
+
 }  // namespace microllm::cuda_kernels::decode_phases

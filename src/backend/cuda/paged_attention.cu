@@ -200,28 +200,8 @@ __global__ void __launch_bounds__(kCtaThreads) paged_combine_kernel(const PagedA
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const Token tok = resolve(a, row / a.q_heads, false);  // the partial kernel reported bad values
     const int used = (tok.len + a.chunk - 1) / a.chunk;    // 0 for padding
-    const float* m = a.part_m + row * a.n_split;
-    const float* l = a.part_l + row * a.n_split;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < used; s += blockDim.x) mx = fmaxf(mx, m[s]);
-    mx = block_max(mx, scratch);
-    float sum = 0.f;
-    for (int s = threadIdx.x; s < used; s += blockDim.x) {
-      const float ws = mx == -INFINITY || m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
-      w[s] = ws;
-      sum += ws * l[s];
-    }
-    sum = block_sum(sum, scratch);  // its barriers also publish w
-    T* o = static_cast<T*>(a.out) + row * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc = 0.f;
-      if (sum > 0.f) {
-        for (int s = 0; s < used; ++s) acc += w[s] * a.part_o[(row * a.n_split + s) * D + d];
-        acc /= sum;
-      }
-      o[d] = from_acc<T>(acc);
-    }
-    __syncthreads();  // w is rewritten for the next row
+    decode_phases::combine_row(a.part_m + row * a.n_split, a.part_l + row * a.n_split,
+                               a.part_o + row * a.n_split * D, used, D, w, scratch, static_cast<T*>(a.out) + row * D);
   }
 }
 
