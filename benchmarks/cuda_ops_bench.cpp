@@ -47,10 +47,14 @@ double median_ms(const std::function<void()>& fn) {
   return times[times.size() / 2];
 }
 
+// Whether --filter selects the row of `op` and `model`.
+bool selected(const std::string& op, const std::string& model) {
+  return g_filter.empty() || (op + " " + model).find(g_filter) != std::string::npos;
+}
+
 void report(const std::string& op, const std::string& model, int64_t tokens, const std::string& shape, double bytes,
             double flops, const std::function<void()>& fn) {
-  const std::string key = op + " " + model;
-  if (!g_filter.empty() && key.find(g_filter) == std::string::npos) return;
+  if (!selected(op, model)) return;
   const double ms = median_ms(fn);
   std::printf(
       "{\"op\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, \"shape\": \"%s\", \"ms\": %.6f, \"bytes\": %.0f, "
@@ -142,10 +146,6 @@ void model_ops(const Model& m) {
 // replayed, so the figure is the GPU's time per call without the host's launch cost (what the engine's
 // graphs pay). op "decode_step/<op>".
 void decode_step_ops(const Model& m) {
-  if (!g_filter.empty() && (std::string("decode_step ") + m.name).find(g_filter) == std::string::npos &&
-      g_filter.find("decode_step") == std::string::npos) {
-    return;
-  }
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
   const int64_t kv = m.kv_heads * m.head_dim, q = m.heads * m.head_dim, context = 256, block = 16;
@@ -177,6 +177,7 @@ void decode_step_ops(const Model& m) {
   rope_params.theta = 1e6;
   auto graph_timed = [&](const std::string& op, const std::string& shape, double bytes,
                          const std::function<void()>& fn) {
+    if (!selected("decode_step/" + op, m.name)) return;
     constexpr int kCalls = 50, kReplays = 20;
     cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
       for (int i = 0; i < kCalls; ++i) fn();

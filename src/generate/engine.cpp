@@ -54,6 +54,7 @@ struct Engine::Impl {
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
   int64_t sampler_columns = 0;
   Tensor tokens;        // i32 [max_batch]: the ids sampled by the last step
+  std::vector<int32_t> step_host;  // the host side of step_inputs, rewritten each decode step
 
   std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
   uint64_t graph_pool = 0;
@@ -91,6 +92,7 @@ struct Engine::Impl {
     const int64_t b = options.max_batch;
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
+    step_host.resize(static_cast<size_t>(kStepRows * b));
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
     sampler.params = Tensor::zeros({b, sampler_columns}, DType::f32, device);
@@ -156,7 +158,7 @@ struct Engine::Impl {
     MICROLLM_CHECK(blocks <= cache->num_blocks(), ValueError, "engine", "the prompt (", prompt, " tokens) and ",
                    r.max_new_tokens, " new tokens need ", blocks, " KV blocks of ", options.block_size,
                    " tokens; the cache has ", cache->num_blocks(), " in all");
-    Sampler check(r.sampling);  // throws on parameters out of range
+    r.sampling.check();
   }
 
   // ---- admission and finishing (engine thread) ----
@@ -202,13 +204,13 @@ struct Engine::Impl {
   // of its batch, the rows still prefilling included (their draws are ignored).
   void start_decoding(Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
-    sampler.rng.select(0, seq.row).copy_(Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(p.seed), 0}, {2}));
-    const bool penalties = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-    std::vector<int32_t> counts(static_cast<size_t>(config.vocab_size), 0);
-    if (penalties) {
-      for (int32_t id : seq.request.prompt) ++counts[static_cast<size_t>(id)];
-    }
-    sampler.counts.select(0, seq.row).copy_(Tensor::from_vector(counts, {config.vocab_size}));
+    const std::vector<std::vector<int32_t>> history =
+        p.penalized() ? std::vector<std::vector<int32_t>>{seq.request.prompt} : std::vector<std::vector<int32_t>>{};
+    const SamplerRows fresh =
+        make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, config.vocab_size, history, device);
+    sampler.rng.narrow(0, seq.row, 1).copy_(fresh.rng);
+    sampler.counts.narrow(0, seq.row, 1)
+        .copy_(fresh.counts.defined() ? fresh.counts : Tensor::zeros({1, config.vocab_size}, DType::i32, device));
     seq.next_token = seq.request.prompt.back();
   }
 
@@ -383,8 +385,10 @@ struct Engine::Impl {
     // The step's inputs, one upload: idle rows feed token 0 at rope position 0, attend to nothing (-1) and
     // write nowhere (-1); their samples are ignored.
     const auto b = static_cast<size_t>(options.max_batch);
-    std::vector<int32_t> host(kStepRows * b, 0);
-    for (size_t r = 0; r < b; ++r) host[kAttentionPositions * b + r] = host[kSlots * b + r] = -1;
+    std::vector<int32_t>& host = step_host;
+    std::fill(host.begin(), host.end(), 0);
+    std::fill_n(host.begin() + static_cast<ptrdiff_t>(kAttentionPositions * b), b, -1);
+    std::fill_n(host.begin() + static_cast<ptrdiff_t>(kSlots * b), b, -1);
     for (const auto& s : running) {
       if (s->next_token < 0) continue;
       const auto r = static_cast<size_t>(s->row);
@@ -392,7 +396,7 @@ struct Engine::Impl {
       host[kRopePositions * b + r] = host[kAttentionPositions * b + r] = static_cast<int32_t>(s->cached);
       host[kSlots * b + r] = slot_of(*s, s->cached);
     }
-    step_inputs.copy_(Tensor::from_vector(host, {kStepRows, options.max_batch}));
+    step_inputs.copy_(Tensor::from_blob(host.data(), {kStepRows, options.max_batch}, DType::i32));
     if (stream && options.cuda_graphs) {
       auto [it, fresh] = graphs.try_emplace({batch_rows, context});
       if (fresh) {
@@ -412,13 +416,14 @@ struct Engine::Impl {
       decode_forward(batch_rows, context);
     }
     const std::vector<int32_t> chosen = tokens.narrow(0, 0, batch_rows).to_vector<int32_t>();
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.decode_steps;
-    }
     std::vector<Sequence*> decoding;
     for (const auto& s : running) {
       if (s->next_token >= 0) decoding.push_back(s.get());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.decode_steps;
+      counters.decoded_sequences += decoding.size();
     }
     for (Sequence* s : decoding) {
       ++s->cached;  // the fed token's k/v are in the cache now

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "../backend/sampling_math.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/ops/sampling.h"
 
@@ -28,7 +27,7 @@ class DeviceSampler {
  public:
   DeviceSampler(const SamplingParams& params, const std::vector<std::vector<int32_t>>& prompts, int64_t vocab,
                 Device device) {
-    static_cast<void>(Sampler(params));  // validates the parameters, with the sampler's messages
+    params.check();
     const std::vector<float> row = params.row();
     std::vector<float> rows_params;
     std::vector<int64_t> seeds;
@@ -36,9 +35,8 @@ class DeviceSampler {
       rows_params.insert(rows_params.end(), row.begin(), row.end());
       seeds.push_back(static_cast<int64_t>(params.seed + b));
     }
-    const bool penalized = sampling::row_params(row.data(), 1).penalized();
-    rows_ =
-        make_sampler_rows(rows_params, seeds, vocab, penalized ? prompts : std::vector<std::vector<int32_t>>{}, device);
+    rows_ = make_sampler_rows(rows_params, seeds, vocab,
+                              params.penalized() ? prompts : std::vector<std::vector<int32_t>>{}, device);
     ids_ = Tensor::empty({static_cast<int64_t>(prompts.size())}, DType::i32, device);
   }
 

@@ -9,17 +9,17 @@
 
 namespace microllm::generate {
 
-Sampler::Sampler(SamplingParams params) : params_(params), gen_(params.seed) {
-  MICROLLM_CHECK(params_.temperature >= 0 && std::isfinite(params_.temperature), ValueError, "sampler",
-                 "temperature must be >= 0, got ", params_.temperature);
-  MICROLLM_CHECK(params_.top_k >= 0, ValueError, "sampler", "top_k must be >= 0, got ", params_.top_k);
-  MICROLLM_CHECK(params_.top_p > 0 && params_.top_p <= 1, ValueError, "sampler", "top_p must be in (0, 1], got ",
-                 params_.top_p);
-  MICROLLM_CHECK(params_.min_p >= 0 && params_.min_p < 1, ValueError, "sampler", "min_p must be in [0, 1), got ",
-                 params_.min_p);
-  MICROLLM_CHECK(params_.repetition_penalty > 0, ValueError, "sampler", "repetition_penalty must be > 0, got ",
-                 params_.repetition_penalty);
+void SamplingParams::check() const {
+  MICROLLM_CHECK(temperature >= 0 && std::isfinite(temperature), ValueError, "sampler",
+                 "temperature must be >= 0, got ", temperature);
+  MICROLLM_CHECK(top_k >= 0, ValueError, "sampler", "top_k must be >= 0, got ", top_k);
+  MICROLLM_CHECK(top_p > 0 && top_p <= 1, ValueError, "sampler", "top_p must be in (0, 1], got ", top_p);
+  MICROLLM_CHECK(min_p >= 0 && min_p < 1, ValueError, "sampler", "min_p must be in [0, 1), got ", min_p);
+  MICROLLM_CHECK(repetition_penalty > 0, ValueError, "sampler", "repetition_penalty must be > 0, got ",
+                 repetition_penalty);
 }
+
+Sampler::Sampler(SamplingParams params) : params_(params), gen_(params.seed) { params_.check(); }
 
 std::vector<float> SamplingParams::row() const {
   std::vector<float> r(sampling::kParamCount, 0.0f);

@@ -133,15 +133,8 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   const int64_t batch = x.size(0), tokens = x.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
   Variable q, k, v;
-  const Tensor qkv = qkv_.forward(x.value(), ctx);  // [B, T, (Hq + 2 Hkv) D], or undefined
-  if (qkv.defined() && !q_norm_) {
-    // Inference with fused projections: q and k heads are adjacent, so one rotary call turns both.
-    const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
-                           config_.rope);
-    q = Variable(qk.narrow(2, 0, hq));
-    k = Variable(qk.narrow(2, hq, hkv));
-    v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
-  } else if (qkv.defined()) {
+  const Tensor qkv = qkv_.forward(x.value(), ctx);  // [B, T, (Hq + 2 Hkv) D] when fused (inference), else undefined
+  if (qkv.defined()) {
     q = Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d}));
     k = Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d}));
     v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
@@ -154,7 +147,12 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
   }
-  if (!qkv.defined() || q_norm_) {
+  if (qkv.defined() && !q_norm_) {  // q and k heads are adjacent in the fused output: one rotary call turns both
+    const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
+                           config_.rope);
+    q = Variable(qk.narrow(2, 0, hq));
+    k = Variable(qk.narrow(2, hq, hkv));
+  } else {
     q = ag::rope(q, ctx.positions, config_.rope);
     k = ag::rope(k, ctx.positions, config_.rope);
   }

@@ -409,7 +409,7 @@ struct Server::Impl {
     metrics.running = now.prefilling + now.decoding;
     metrics.queued = now.waiting;
     metrics.kv_blocks_used = now.kv_blocks_used;
-    metrics.decode_steps(now.decode_steps - last.decode_steps, 0);
+    metrics.decode_steps(now.decode_steps - last.decode_steps, now.decoded_sequences - last.decoded_sequences);
     last = now;
   }
 
@@ -422,13 +422,11 @@ struct Server::Impl {
         queue_cv.wait(lock, [&] { return stopping || !engine->idle(); });
         if (stopping) break;
       }
-      const int64_t decoding = engine->stats().decoding;
       try {
         engine->step();
       } catch (const std::exception& e) {
         fail_all(str_cat("generation failed: ", e.what()));
       }
-      metrics.decode_steps(0, static_cast<uint64_t>(decoding));
       publish_engine_metrics(last);
     }
     // Shutting down: every request still queued or running ends as cancelled (on_token and on_finish see

@@ -25,6 +25,10 @@ struct SamplingParams {
 
   // The parameters as one f32 row of SamplerRows::params (ops/sampling.h).
   std::vector<float> row() const;
+  // ValueError naming the parameter when one is out of range.
+  void check() const;
+  // Whether a penalty is on (then the counts of the prompt's and the generated ids matter).
+  bool penalized() const { return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0; }
 };
 
 class Sampler {

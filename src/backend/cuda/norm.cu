@@ -96,64 +96,36 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
   store_group<T, V>(args.out + row * args.n, p, y);
 }
 
-// The sum of v over the TPR threads of each row group (TPR a multiple of 32 dividing the block). Every thread
-// of the block must call it (it may hold a barrier); `scratch` holds a value per warp.
-template <typename A, int TPR>
-__device__ __forceinline__ A row_sum(A v, A* scratch) {
-  v = warp_sum(v);
-  if constexpr (TPR == 32) {
-    return v;
-  } else {
-    constexpr int kWarpsPerRow = TPR / 32;
-    const int warp = static_cast<int>(threadIdx.x / 32);
-    __syncthreads();  // the previous row's readers are done with scratch
-    if (threadIdx.x % 32 == 0) scratch[warp] = v;
-    __syncthreads();
-    const int first = warp / kWarpsPerRow * kWarpsPerRow;
-    A total = 0;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerRow; ++w) total += scratch[first + w];  // the same order in every thread
-    return total;
-  }
-}
-
-// TPR threads per row (32: a warp, up to 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
+// TPR threads per row (32: a warp, 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
 // its row in registers, as raw T packs (h is x, or round(x + residual): a value of T either way, so
 // keeping T instead of f32 is exact and halves the registers of bf16 rows, which lets a warp own rows of
 // up to 16 packs per lane without block barriers). Needs 0 < n / V <= P * TPR.
 template <typename T, int V, int P, int TPR>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArgs<T> args) {
   using A = acc_t<T>;
-  static_assert(TPR % 32 == 0 && kNormThreads % TPR == 0, "a row is a whole number of warps of the block");
+  static_assert(TPR == 32 || TPR == kNormThreads, "a row is a warp or the block");
   constexpr int kRowsPerBlock = kNormThreads / TPR;
   __shared__ A scratch[32];
   const int lane = threadIdx.x % TPR;
   const int64_t groups = args.n / V;
-  // The loop is uniform across the block (row_sum may hold a barrier); a row group past the end computes
-  // nothing and writes nothing.
-  for (int64_t first = blockIdx.x * static_cast<int64_t>(kRowsPerBlock); first < args.n_rows;
-       first += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    const int64_t row = first + threadIdx.x / TPR;
-    const bool active = row < args.n_rows;
-    const T* x_row = nullptr;
-    const T* r_row = nullptr;
-    if (active) {
-      int64_t off[2];
-      args.rows.offsets(row, off);
-      x_row = args.x + off[0];
-      r_row = args.residual ? args.residual + off[1] : nullptr;
-    }
+  // Uniform per row group: every thread of a warp (TPR 32) or of the block (TPR 256) runs the same rows.
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / TPR; row < args.n_rows;
+       row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    int64_t off[2];
+    args.rows.offsets(row, off);
+    const T* x_row = args.x + off[0];
+    const T* r_row = args.residual ? args.residual + off[1] : nullptr;
     Pack<V, T> h[P], w[P];
-    A sum_sq = 0;
 #pragma unroll
     for (int q = 0; q < P; ++q) {  // the weight's loads are issued with the row's, before the reduction waits
       const int64_t p = lane + q * TPR;
-      if (active && p < groups) w[q] = reinterpret_cast<const Pack<V, T>*>(args.weight)[p];
+      if (p < groups) w[q] = reinterpret_cast<const Pack<V, T>*>(args.weight)[p];
     }
+    A sum_sq = 0;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
-      if (active && p < groups) {
+      if (p < groups) {
         A values[V];
         load_h<T, V>(args, x_row, r_row, p, values);
 #pragma unroll
@@ -164,8 +136,11 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
         if (args.h_out) reinterpret_cast<Pack<V, T>*>(args.h_out + row * args.n)[p] = h[q];
       }
     }
-    const A total = row_sum<A, TPR>(sum_sq, scratch);
-    if (!active) continue;
+    A total;
+    if constexpr (TPR == 32)
+      total = warp_sum(sum_sq);
+    else
+      total = block_sum(sum_sq, scratch);
     const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
     if (lane == 0) args.rstd[row] = rstd;
 #pragma unroll
