@@ -16,7 +16,8 @@
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
-#   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table
+#   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
+#                    when ncu exists, every kernel of a few B1 decode steps timed alone (NCU_KERNELS, NCU_BATCH)
 #   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
 #                    bounded by its timeouts, so give them one device call each when in doubt):
 #   infer-bench      benchmarks/inference_vs_transformers.py, microllm bench vs transformers (pp512, pp2048,
@@ -198,6 +199,16 @@ step_engine_profile() {
     echo "== nsys kernels (graph nodes)"; head -30 "$RES/nsys_kernels.csv" | cut -c1-220
   else
     echo "== no nsys on this machine"
+  fi
+  # Nsight Compute: every kernel node of the graph-replayed decode steps timed alone (one metric, caches
+  # flushed before each kernel, clocks not locked): what each kernel costs without its neighbours.
+  local ncu_bin
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu_bin" ]; then
+    timeout 240 "$ncu_bin" --graph-profiling node --metrics gpu__time_duration.sum --clock-control none --csv \
+      --launch-count ${NCU_KERNELS:-1500} "$bin/microllm" bench --config $config --device cuda --dtype bf16 -p 0 \
+      -n ${NCU_TOKENS:-4} -b ${NCU_BATCH:-1} --workload none -r 1 > "$RES/ncu_kernels.csv" 2> "$RES/logs/ncu.log"
+    echo "== ncu: exit $?, $(grep -c gpu__time_duration "$RES/ncu_kernels.csv") kernels"; tail -3 "$RES/logs/ncu.log"
   fi
 }
 
