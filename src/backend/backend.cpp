@@ -22,6 +22,20 @@ void set_deterministic_algorithms(bool deterministic) {
 }
 bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_relaxed); }
 
+void Backend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope_params,
+                                     const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                     const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                     double scale, int64_t max_context, const Tensor& out) {
+  // rope takes [B, T, H, D] with positions [B, T]: the N tokens as N sequences of one.
+  const Tensor pos = positions.unsqueeze(1);
+  const Tensor q_rot = Tensor::empty({q.size(0), 1, q.size(1), q.size(2)}, q.dtype(), q.device());
+  const Tensor k_rot = Tensor::empty({k.size(0), 1, k.size(1), k.size(2)}, k.dtype(), k.device());
+  rope(q.unsqueeze(1), pos, rope_params, /*inverse=*/false, q_rot);
+  rope(k.unsqueeze(1), pos, rope_params, /*inverse=*/false, k_rot);
+  paged_kv_write(k_pool, v_pool, k_rot.select(1, 0), v, slots);
+  paged_attention(q_rot.select(1, 0), k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out);
+}
+
 Backend& cpu_backend() {
   static CpuBackend backend;
   return backend;

@@ -147,6 +147,9 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
   }
+  if (ctx.paged && ctx.paged->chunk_start < 0) {  // decode: rotary, cache write and attention in one op
+    return o_proj_->forward(Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
+  }
   if (qkv.defined() && !q_norm_) {  // q and k heads are adjacent in the fused output: one rotary call turns both
     const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
                            config_.rope);
@@ -156,7 +159,7 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
     q = ag::rope(q, ctx.positions, config_.rope);
     k = ag::rope(k, ctx.positions, config_.rope);
   }
-  if (ctx.paged) return o_proj_->forward(Variable(paged_attention(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
+  if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
   AttentionParams params;
   Variable keys = ag::transpose(k, 1, 2), values = ag::transpose(v, 1, 2);  // [B, Hkv, S, D]
   if (ctx.cache) {
@@ -171,21 +174,28 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   return o_proj_->forward(out, ctx);
 }
 
-// q [B, T, Hq, D], k and v [B, T, Hkv, D] of new tokens -> [B, T, Hq * D], their k/v written to the paged cache.
-Tensor Attention::paged_attention(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
+// q [B, 1, Hq, D], k and v [B, 1, Hkv, D] before the rotary embedding, one new token per sequence ->
+// [B, 1, Hq * D]; their k/v written to the paged cache. The rotary position of row b is query_positions[b].
+Tensor Attention::paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
+  MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
+  const int64_t batch = q.size(0), d = config_.head_dim;
+  MICROLLM_CHECK(q.size(1) == 1, ShapeError, "attention", "a paged decode step takes one token per row, got ",
+                 q.size(1));
+  const Tensor out = Tensor::empty({batch, config_.num_heads, d}, q.dtype(), q.device());
+  paged_decode_attention(q.select(1, 0), k.select(1, 0), v.select(1, 0), config_.rope,
+                         paged.cache->keys(layer_index_), paged.cache->values(layer_index_), paged.slots,
+                         paged.block_tables, paged.seq_ids, paged.query_positions, 0, paged.max_context, out);
+  return out.reshape({batch, 1, config_.num_heads * d});
+}
+
+// q [1, T, Hq, D], k and v [1, T, Hkv, D] of a prefill chunk (rotated) -> [1, T, Hq * D]; k/v written to the cache.
+Tensor Attention::paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
   MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
   const int64_t batch = q.size(0), tokens = q.size(1), d = config_.head_dim;
   const Tensor& k_pool = paged.cache->keys(layer_index_);
   const Tensor& v_pool = paged.cache->values(layer_index_);
   microllm::paged_kv_write(k_pool, v_pool, k.reshape({batch * tokens, config_.num_kv_heads, d}),
                            v.reshape({batch * tokens, config_.num_kv_heads, d}), paged.slots);
-  if (paged.chunk_start < 0) {  // decode: one token per row
-    MICROLLM_CHECK(tokens == 1, ShapeError, "attention", "a paged decode step takes one token per row, got ", tokens);
-    const Tensor out = microllm::paged_attention(q.reshape({batch, config_.num_heads, d}), k_pool, v_pool,
-                                                 paged.block_tables, paged.seq_ids, paged.query_positions, 0,
-                                                 paged.max_context);
-    return out.reshape({batch, 1, config_.num_heads * d});
-  }
   // A prefill chunk of one sequence: flash attention over its earlier keys (from its blocks) and its own.
   MICROLLM_CHECK(batch == 1, ShapeError, "attention", "a paged prefill chunk is one sequence, got a batch of ", batch);
   Tensor keys = k, values = v;  // [1, S, Hkv, D]

@@ -4,8 +4,10 @@
 #include "microllm/ops/paged_attention.h"
 
 #include <cmath>
+#include <utility>
 
 #include "checks.h"
+#include "microllm/ops/rope.h"
 
 namespace microllm {
 namespace {
@@ -113,6 +115,39 @@ void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
+}
+
+void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                            const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
+                            const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                            const Tensor& out) {
+  const char* op = "paged_decode_attention";
+  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k, "k"}, {v, "v"}}) {
+    checks::floating(op, t, name);
+    checks::rank(op, t, name, 3);
+    checks::same_dtype(op, k_pool, "k_pool", t, name);
+    checks::same_device(op, k_pool, "k_pool", t, name);
+    MICROLLM_CHECK(t.size(0) == q.size(0) && t.size(1) == k_pool.size(2) && t.size(2) == k_pool.size(3), ShapeError,
+                   op, name, " shape ", t.shape(), " must be [N, Hkv, D] = [", q.size(0), ", ", k_pool.size(2), ", ",
+                   k_pool.size(3), "] (q ", q.shape(), ", k_pool ", k_pool.shape(), ")");
+  }
+  MICROLLM_CHECK(q.size(2) % 2 == 0, ShapeError, op, "the rotary embedding needs an even head dim, got q shape ",
+                 q.shape());
+  rope_inv_freq(rope, q.size(2));  // checks the rotary parameters
+  check_index(op, slots, "slots", 1, k_pool);
+  MICROLLM_CHECK(slots.size(0) == q.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
+                 q.size(0), " query tokens of q ", q.shape());
+  checks::defined(op, out, "out");
+  checks::same_shape(op, q, "q", out, "out");
+  checks::same_dtype(op, q, "q", out, "out");
+  checks::same_device(op, q, "q", out, "out");
+  MICROLLM_CHECK(out.is_contiguous(), ShapeError, op, "out must be contiguous, got shape ", out.shape(),
+                 " with strides ", out.strides());
+  if (out.numel() == 0) return;
+  const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  backend_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
+                                                 positions, s, context, out);
 }
 
 Tensor paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length) {

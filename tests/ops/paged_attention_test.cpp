@@ -13,10 +13,12 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "microllm/core/cuda.h"
 #include "microllm/ops/attention.h"
+#include "microllm/ops/rope.h"
 #include "test_support.h"
 
 namespace microllm {
@@ -318,6 +320,136 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
   }
 }
 
+// ---- paged_decode_attention: the fused decode step against the ops it stands for ----
+
+// One decode step over a cache: q, k, v of every query row as views of one fused QKV projection (before the
+// rotation), and each row's slot (its position's slot in its sequence's blocks; -1 for padding).
+struct DecodeStep {
+  Tensor qkv, q, k, v, slots;
+};
+DecodeStep make_step(const Cache& c, DType dtype, Device device) {
+  DecodeStep s;
+  const int64_t n = rows(c), d = c.dim;
+  s.qkv = random_tensor({n, (c.q_heads + 2 * c.kv_heads) * d}, dtype, device, -2, 2);
+  s.q = s.qkv.narrow(1, 0, c.q_heads * d).view({n, c.q_heads, d});
+  s.k = s.qkv.narrow(1, c.q_heads * d, c.kv_heads * d).view({n, c.kv_heads, d});
+  s.v = s.qkv.narrow(1, (c.q_heads + c.kv_heads) * d, c.kv_heads * d).view({n, c.kv_heads, d});
+  std::vector<int32_t> slots;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t pos = c.pos[r];
+    slots.push_back(pos < 0 ? -1
+                            : c.tables[c.seq[r] * c.max_blocks + pos / c.block_size] * static_cast<int32_t>(c.block_size) +
+                                  static_cast<int32_t>(pos % c.block_size));
+  }
+  s.slots = Tensor::from_vector(slots, {n}).to(device);
+  return s;
+}
+
+RopeParams qwen_rope() {
+  RopeParams p;
+  p.theta = 1e6;
+  return p;
+}
+RopeParams llama3_interleaved_rope() {
+  RopeParams p;
+  p.theta = 5e5;
+  p.layout = RopeLayout::interleaved;
+  p.scaling.type = RopeScalingType::llama3;
+  p.scaling.factor = 32;
+  p.scaling.original_max_position_embeddings = 64;  // so the blend band covers these head dims' frequencies
+  return p;
+}
+
+// On this device: paged_decode_attention into a NaN-filled out on random pools, against rope + paged_kv_write +
+// paged_attention on copies of the same pools. The same device's kernels see the same numbers, so both the
+// output and the pools must be identical, bit for bit.
+void check_decode_equals_composition(const Cache& c, DType dtype, const RopeParams& rope, int64_t max_context,
+                                     Device device, const char* what) {
+  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype));
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const Tensor k_ref = k_pool.clone(), v_ref = v_pool.clone();
+  const DecodeStep s = make_step(c, dtype, device);
+  const Tensor pos = c.positions.unsqueeze(1);  // rope's [B, T]
+  const Tensor q_rot = microllm::rope(s.q.unsqueeze(1), pos, rope).select(1, 0);
+  const Tensor k_rot = microllm::rope(s.k.unsqueeze(1), pos, rope).select(1, 0);
+  paged_kv_write(k_ref, v_ref, k_rot, s.v, s.slots);
+  const Tensor want = paged_attention(q_rot, k_ref, v_ref, c.block_tables, c.seq_ids, c.positions, 0, max_context);
+
+  const Tensor out = Tensor::full(s.q.shape(), NAN, dtype, device);
+  paged_decode_attention(s.q, s.k, s.v, rope, k_pool, v_pool, s.slots, c.block_tables, c.seq_ids, c.positions, 0,
+                         max_context, out);
+  EXPECT_EQ(host_values(out), host_values(want));
+  EXPECT_EQ(host_values(k_pool), host_values(k_ref));
+  EXPECT_EQ(host_values(v_pool), host_values(v_ref));
+}
+
+TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
+  const Device d = device();
+  for (DType dtype : kPoolTypes) {
+    // Qwen2.5-0.5B heads, padding rows, one split (max_context 256) and several (2048).
+    const Cache qwen = make_cache({300, 17, 129, 1, 64, 200}, 16, 2, 14, 64, 1, true, d, 3, 2048);
+    check_decode_equals_composition(qwen, dtype, qwen_rope(), 2048, d, "qwen, splits");
+    const Cache short_qwen = make_cache({30, 1, 129, 256}, 16, 2, 14, 64, 1, true, d);
+    check_decode_equals_composition(short_qwen, dtype, qwen_rope(), 256, d, "qwen, one split");
+    // R1-Distill-1.5B heads (D 128), llama3 scaling with interleaved pairs, a group of 16 (two row blocks).
+    check_decode_equals_composition(make_cache({70, 1, 33, 500}, 16, 2, 12, 128, 1, false, d), dtype, qwen_rope(), 0,
+                                    d, "r1");
+    check_decode_equals_composition(make_cache({40, 77}, 8, 2, 8, 64, 1, false, d), dtype, llama3_interleaved_rope(),
+                                    0, d, "llama3 interleaved");
+    check_decode_equals_composition(make_cache({300, 17}, 16, 2, 32, 64, 1, true, d), dtype, qwen_rope(), 0, d,
+                                    "group 16");
+    // A head dim the fast kernel does not take (CUDA runs the separate ops).
+    check_decode_equals_composition(make_cache({50, 3}, 4, 3, 6, 40, 1, true, d), dtype, qwen_rope(), 0, d, "d40");
+  }
+  // A slot that is not the position's: an IndexError (on CUDA at the next synchronization).
+  const Cache c = make_cache({40, 7}, 16, 2, 14, 64, 1, false, d);
+  const DecodeStep s = make_step(c, DType::bf16, d);
+  const Tensor k_pool = Tensor::zeros({c.num_blocks, 16, 2, 64}, DType::bf16, d), v_pool = k_pool.clone();
+  std::vector<int32_t> slots = {0, 0};
+  slots[0] = static_cast<int32_t>(host_values(s.slots)[0]) + 1;
+  slots[1] = static_cast<int32_t>(host_values(s.slots)[1]);
+  const std::string message = testing::index_error_message(d, [&] {
+    paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, Tensor::from_vector(slots, {2}).to(d),
+                           c.block_tables, c.seq_ids, c.positions, 0, 0, Tensor::empty(s.q.shape(), DType::bf16, d));
+  });
+  EXPECT_NE(message.find("slot"), std::string::npos) << message;
+}
+
+// The contract the fused kernel relies on is checked by the reference: slots, one row per sequence, padding.
+TEST(PagedDecodeAttentionTest, ContractErrorsNameTheRow) {
+  const Device cpu = Device::cpu();
+  const Cache c = make_cache({20, 9}, 4, 1, 2, 8, 1, true, cpu);  // rows: seq 0, padding, seq 1, padding
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, cpu);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, cpu);
+  const DecodeStep s = make_step(c, DType::f32, cpu);
+  const Tensor out = Tensor::empty(s.q.shape(), DType::f32, cpu);
+  auto run = [&](const Tensor& slots, const Tensor& seq_ids) {
+    return testing::error_message([&] {
+      paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, slots, c.block_tables, seq_ids, c.positions,
+                             0, 0, out);
+    });
+  };
+  auto with = [&](const Tensor& t, int64_t i, int32_t value) {
+    Tensor copy = t.clone();
+    static_cast<int32_t*>(copy.data_ptr())[i] = value;
+    return copy;
+  };
+  const std::string wrong_slot = run(with(s.slots, 2, c.pos[2] + 1000), c.seq_ids);
+  EXPECT_NE(wrong_slot.find("[paged_decode_attention]"), std::string::npos) << wrong_slot;
+  EXPECT_NE(wrong_slot.find("slots[2]"), std::string::npos) << wrong_slot;
+  const std::string padding = run(with(s.slots, 1, 0), c.seq_ids);
+  EXPECT_NE(padding.find("padding"), std::string::npos) << padding;
+  const std::string twice = run(s.slots, with(c.seq_ids, 2, 0));
+  EXPECT_NE(twice.find("appears twice"), std::string::npos) << twice;
+  const std::string shape = testing::error_message([&] {
+    paged_decode_attention(s.q, s.k.narrow(2, 0, 4), s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables,
+                           c.seq_ids, c.positions, 0, 0, out);
+  });
+  EXPECT_NE(shape.find("k shape"), std::string::npos) << shape;
+  EXPECT_EQ(run(s.slots, c.seq_ids), "no error");
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, PagedAttentionTest, ::testing::ValuesIn(testing::test_devices()),
                          testing::device_test_name);
 
@@ -385,6 +517,49 @@ TEST_P(PagedAttentionCudaTest, ChunksPaddingAndOtherHeadDims) {
   parity({64}, 16, 4, 4, 128, 1, false, 0, "MHA d128");
   parity({300, 17}, 16, 2, 32, 64, 2, true, 0, "group 16: two row blocks per kv head");
   parity({100, 250}, 16, 1, 12, 128, 1, false, 0, "group 12: a partial second row block");
+}
+
+// The fused decode step on CUDA against the CPU reference, at the models' shapes, without transfers.
+TEST_P(PagedAttentionCudaTest, DecodeAttentionMatchesTheCpu) {
+  const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+  for (int64_t batch : {1, 8, 32}) {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < batch; ++b) lengths.push_back(1 + (b * 613 + 29) % 1200);
+    for (const auto& [q_heads, dim, context] : {std::tuple<int64_t, int64_t, int64_t>{14, 64, 256},
+                                                {14, 64, 2048},
+                                                {12, 128, 0}}) {
+      SCOPED_TRACE(str_cat("batch ", batch, " heads ", q_heads, " dim ", dim, " context ", context));
+      std::vector<int64_t> fit = lengths;
+      if (context > 0) {
+        for (int64_t& len : fit) len = std::min(len, context);
+      }
+      const Cache c = make_cache(fit, 16, 2, q_heads, dim, 1, batch > 1, cpu, 3, context);
+      const Tensor k_pool = random_tensor({c.num_blocks, 16, 2, dim}, dtype(), cpu);
+      const Tensor v_pool = random_tensor({c.num_blocks, 16, 2, dim}, dtype(), cpu);
+      const Tensor kg = k_pool.to(gpu), vg = v_pool.to(gpu);
+      const DecodeStep s = make_step(c, dtype(), cpu);
+      const Tensor want = Tensor::empty(s.q.shape(), dtype(), cpu);
+      paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables, c.seq_ids,
+                             c.positions, 0, context, want);
+      const Tensor qkv = s.qkv.to(gpu), slots = s.slots.to(gpu);
+      const int64_t n = rows(c), hq = q_heads * dim, hkv = 2 * dim;
+      const Tensor q = qkv.narrow(1, 0, hq).view({n, q_heads, dim});
+      const Tensor k = qkv.narrow(1, hq, hkv).view({n, 2, dim}), v = qkv.narrow(1, hq + hkv, hkv).view({n, 2, dim});
+      const Tensor tables = c.block_tables.to(gpu), seq = c.seq_ids.to(gpu), pos = c.positions.to(gpu);
+      const Tensor out = Tensor::full(s.q.shape(), NAN, dtype(), gpu);
+      cuda::synchronize(0);
+      cuda::reset_transfer_stats();
+      paged_decode_attention(q, k, v, qwen_rope(), kg, vg, slots, tables, seq, pos, 0, context, out);
+      cuda::synchronize(0);
+      EXPECT_EQ(cuda::transfer_stats().host_to_device, 0u);
+      EXPECT_EQ(cuda::transfer_stats().device_to_host, 0u);
+      const double tol = dtype() == DType::f32 ? 1e-5 : 1e-2;
+      EXPECT_LE(testing::relative_error(out.to(cpu), want), tol);
+      EXPECT_LE(testing::relative_error(kg.to(cpu), k_pool), tol);
+      EXPECT_EQ(host_values(vg), host_values(v_pool));  // values are copied, never rounded
+      for (double x : host_values(out)) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
 }
 
 // paged_kv_write and paged_gather on CUDA give the CPU's pools and copies, without transfers.

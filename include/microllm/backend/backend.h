@@ -119,6 +119,12 @@ class Backend {
   virtual void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                double scale, int64_t max_context, const Tensor& out) = 0;
+  // paged_decode_attention (ops/paged_attention.h): rope on q and k at positions, k and v written at slots,
+  // then paged_attention. The default is that composition of this backend's ops (the reference); CUDA fuses.
+  virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                      double scale, int64_t max_context, const Tensor& out);
   // out [length, Hkv, D] contiguous = the first `length` token rows of the blocks listed in
   // block_table_row [max_blocks] (length <= max_blocks * block_size).
   virtual void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length,

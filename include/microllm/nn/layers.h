@@ -112,7 +112,10 @@ class Attention : public Module {
   void fuse_projections() { qkv_.fuse(); }
 
  private:
-  Tensor paged_attention(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
+  // The paged cache's two cases: a decode step (q, k, v before the rotary embedding; one fused op) and a
+  // prefill chunk (after it).
+  Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
+  Tensor paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
 
   AttentionConfig config_;
   int layer_index_;

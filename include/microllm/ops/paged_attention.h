@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "microllm/backend/kernel_params.h"
 #include "microllm/core/tensor.h"
 
 namespace microllm {
@@ -41,6 +42,20 @@ Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_po
 void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                      const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                      const Tensor& out);
+
+// One decode step's attention in one call: what rope(q), rope(k), paged_kv_write and paged_attention do in
+// turn, for N tokens of N different sequences (one new token each). q [N, Hq, D], k and v [N, Hkv, D] are the
+// projections before the rotary embedding (any strides, the pools' dtype, e.g. views of a fused QKV output);
+// token n's q and k turn by `rope` at positions[n], its k and v go to slots[n], which must be the slot that
+// block_tables gives position positions[n] of sequence seq_ids[n], and its q attends to keys
+// 0..positions[n]. positions[n] < 0 marks a padding row: nothing written, output 0. scale, max_context and
+// out as for paged_attention. The CUDA kernel does all of it in one launch (two past 256 keys or so): each
+// token's new key and value reach the attention from registers, not back from the pool. The CPU reference
+// is the composition of the four ops, and checks the slot and distinct-sequence contract (IndexError).
+void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                            const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
+                            const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                            const Tensor& out);
 
 // A contiguous copy [length, Hkv, D] of the first `length` cached tokens of one sequence, whose blocks are
 // block_table_row i32 [max_blocks] (length <= max_blocks * block_size): a prefill chunk runs the ordinary

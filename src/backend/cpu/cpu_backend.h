@@ -53,6 +53,10 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                        const Tensor& out) override;
+  void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                              const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                              const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
+                              int64_t max_context, const Tensor& out) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
 
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;

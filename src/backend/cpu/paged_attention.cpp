@@ -147,6 +147,40 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
   });
 }
 
+// The reference is the composition (Backend's default); first the contract the fused CUDA kernel relies on:
+// each real row's slot is its position's slot in its sequence's blocks, one row per sequence, and padding
+// rows write nothing.
+void CpuBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                        const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                        const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                        double scale, int64_t max_context, const Tensor& out) {
+  const char* op = "paged_decode_attention";
+  const int64_t block_size = k_pool.size(1), num_blocks = k_pool.size(0), n_seqs = block_tables.size(0);
+  std::vector<bool> seen(static_cast<size_t>(n_seqs), false);
+  for (int64_t n = 0; n < q.size(0); ++n) {
+    const int64_t pos = at(positions, n), slot = at(slots, n);
+    if (pos < 0) {
+      MICROLLM_CHECK(slot < 0, IndexError, op, "slots[", n, "] = ", slot, " but row ", n,
+                     " is padding (positions[", n, "] = ", pos, "), which writes nothing: its slot must be < 0");
+      continue;
+    }
+    const int64_t seq = at(seq_ids, n);
+    MICROLLM_CHECK(seq >= 0 && seq < n_seqs, IndexError, op, "seq_ids[", n, "] = ", seq,
+                   " is not a row of block_tables ", block_tables.shape());
+    MICROLLM_CHECK(!seen[static_cast<size_t>(seq)], IndexError, op, "seq_ids[", n, "] = ", seq,
+                   " appears twice: a decode step takes one token per sequence");
+    seen[static_cast<size_t>(seq)] = true;
+    MICROLLM_CHECK(pos < max_context, IndexError, op, "positions[", n, "] = ", pos, " needs ", pos + 1,
+                   " keys, more than max_context ", max_context);
+    check_blocks(op, block_tables, seq, pos + 1, block_size, num_blocks, "block_tables row");
+    const int64_t expected = at(block_tables, seq, pos / block_size) * block_size + pos % block_size;
+    MICROLLM_CHECK(slot == expected, IndexError, op, "slots[", n, "] = ", slot, " is not the slot of position ", pos,
+                   " of sequence ", seq, ", which block_tables puts at ", expected);
+  }
+  Backend::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+                                  max_context, out);
+}
+
 void CpuBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) {
   const char* op = "paged_gather";
   const int64_t block_size = pool.size(1), heads = pool.size(2), dim = pool.size(3);

@@ -75,6 +75,24 @@ __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
   for (int i = 0; i < 8; ++i) x[i] = to_acc(e[i]);
 }
 
+// 16 bytes from global to shared memory without a trip through registers (cp.async, sm_80 and later), so a
+// thread can have many copies in flight; both addresses 16-byte aligned. copy_async_wait_all() waits for the
+// calling thread's copies (a barrier then publishes them to the block). Elsewhere (a HIP port, older GPUs)
+// a plain 16-byte copy: the same result without the overlap.
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // ---- launching ----
 // The device and stream a kernel runs on: the output's device, its current stream.
 struct Launch {

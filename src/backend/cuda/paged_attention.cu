@@ -6,26 +6,33 @@
 // cause an out-of-bounds access: the kernels skip the row / key / block and report it through the device
 // error word (IndexError at the next synchronization).
 //
-// paged_attention, fast path (f32/f16/bf16, D <= 256 a multiple of 8, pool rows 16-byte aligned): the
-// flash-decoding of attention_decode.cu with the keys found through the block table.
-//   partial kernel: grid (token x kv head x row block, split). The rows of a CTA are up to 8 query heads of
-//     ONE kv head of one token, so every K/V row read serves the whole GQA group. A CTA first resolves
-//     its token (position, sequence; a padding row or a split past the sequence's length exits at once,
-//     which is what keeps a graph sized for max_context cheap while sequences are short), then turns its
-//     chunk's keys into pool offsets through the block table (shared memory), then: scores (thread per
-//     key, 16-byte K loads), chunk max and sum (warp per row), o = sum p v (thread per 8-dim slice and
-//     key slice, 16-byte V loads), a shared-memory sum over key slices. With one split it writes out
-//     directly (o / l); otherwise (m, l, o) per row and split in f32.
-//   combine kernel: one block per query row; it resolves the token again to know how many splits ran,
-//     and merges them: out = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
-// The split chunk (64..256 keys) is chosen from max_context so that the grid gives >= 2 CTAs per SM.
+// paged_attention, fast path (f32/f16/bf16, D a power of two 16..256, pool rows 16-byte aligned): split-K
+// flash-decoding with the keys found through the block table.
+//   staged kernel: grid (token x kv head x row block, split). The rows of a CTA are up to 8 query heads of
+//     ONE kv head of one token, so every K/V row read serves the whole GQA group. A CTA resolves its token
+//     (position, sequence; a padding row or a split past the sequence's length exits at once, which keeps a
+//     graph sized for max_context cheap while sequences are short), then stages its chunk's K and V rows in
+//     shared memory with cp.async, every copy in flight at once (one DRAM round trip, not one per key), then:
+//     scores (a thread per key), chunk max and sum (a warp per row), o = sum p v (a thread per 8-dim slice and
+//     key slice, summed over the warp's key slices with shuffles, then over warps in shared memory). With one
+//     split it writes out directly (o / l); otherwise (m, l, o) per row and split in f32.
+//   combine kernel (more than one split): one block per query row merges the splits that ran:
+//     out = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
+// Up to max_context <= one chunk (256 keys at D 64 in bf16) there is one split and no combine kernel; past
+// it the chunk (64..256 keys) is chosen from max_context so that the grid gives >= 2 CTAs per SM.
+// paged_decode_attention runs the same kernel with the decode step's work folded in: the CTA turns its
+// queries by the rotary embedding as it loads them, and the CTA whose chunk holds the token's own position
+// turns the new key, puts it and the new value straight into its staged rows (no round trip through the
+// pool) and (for the first row block) writes both to the token's slot. Rotations and roundings are those of
+// rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
-// of 128 keys, strided scalar loads. paged_kv_write and paged_gather are one grid-stride kernel each,
-// coalesced along D.
+// of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
+// paged_kv_write and paged_gather are one grid-stride kernel each, coalesced along D.
 #include <algorithm>
 #include <cmath>
 
 #include "../../core/cuda/device_errors.h"
+#include "../rope_math.h"
 #include "attention_kernels.h"
 #include "common.cuh"
 #include "decode_phases.cuh"
@@ -39,13 +46,21 @@ namespace {
 using detail::DeviceErrorCode;
 using detail::report_device_error;
 
-constexpr int kCtaThreads = 128;  // attention kernels (the write/gather kernels use common.cuh's kThreads)
-constexpr int kRowsPerCta = 8;    // query heads per CTA (of one kv head)
+constexpr int kStagedThreads = 256;  // the staged kernel
+constexpr int kStagedWarps = kStagedThreads / 32;
+constexpr int kSmallThreads = 128;  // the combine and simple kernels (write/gather use common.cuh's kThreads)
+constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head)
 constexpr int kMaxChunk = 256;
-constexpr int kMinChunk = 64;
+constexpr int kMinSplitChunk = 64;
+constexpr int64_t kStageBudget = 96 * 1024;  // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
 constexpr int kMaxFastDim = 256;
 constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
+
+// The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
+struct RopeFreq {
+  float v[kMaxFastDim / 2];
+};
 
 struct PagedArgs {
   const void* q;
@@ -64,60 +79,86 @@ struct PagedArgs {
   float scale;
   int row_blocks;  // ceil(group / kRowsPerCta)
   int chunk, n_split;
+  int pitch;          // elements per staged K/V row: D plus 16 bytes, so a warp's rows spread over the banks
+  int stage_bytes;    // the staged rows' region (the cross-warp sums reuse it)
   float* part_o;  // [N * Hq][n_split][D]
   float* part_m;  // [N * Hq][n_split]
   float* part_l;
   void* out;  // [N, Hq, D] contiguous
   uint64_t* error_word;
+  // paged_decode_attention: the new tokens' k, v before the rotation, and where they go.
+  const void* k_new;
+  const void* v_new;
+  int64_t k_new_stride[3], v_new_stride[3];  // token, head, dim
+  const int32_t* slots;
+  int64_t slot_stride;
+  int pair_step, partner;  // rotary pair i is dims (i * pair_step, i * pair_step + partner)
 };
 
-// Token n's sequence and how many of its keys to attend to (0: padding or a bad seq id -> output 0).
-// `report` lets one thread per token report bad values.
+// Token n's sequence, its position and how many of its keys to attend to (0: padding or a bad seq id ->
+// output 0). `report` lets one thread per token report bad values.
 struct Token {
-  int seq, len;
+  int seq, len, pos;
 };
 __device__ __forceinline__ Token resolve(const PagedArgs& a, int64_t n, bool report) {
   const int pos = a.positions[n * a.pos_stride];
-  if (pos < 0) return {0, 0};
+  if (pos < 0) return {0, 0, pos};
   const int seq = a.seq_ids[n * a.seq_stride];
   if (seq < 0 || seq >= a.num_seqs) {
     if (report) report_device_error(a.error_word, DeviceErrorCode::paged_sequence, seq);
-    return {0, 0};
+    return {0, 0, pos};
   }
   if (pos >= a.max_context) {  // the grid covers max_context keys: attend to those, and say so
     if (report) report_device_error(a.error_word, DeviceErrorCode::paged_position, pos);
-    return {seq, a.max_context};
+    return {seq, a.max_context, pos};
   }
-  return {seq, pos + 1};
+  return {seq, pos + 1, pos};
 }
 
-// Element offset of key j's row (kv head hk) in a pool, or -1 when its block id is bad (reported).
-__device__ __forceinline__ int64_t key_offset(const PagedArgs& a, const int64_t (&stride)[4], int seq, int j, int hk,
-                                              bool report) {
+// The block id of key j of sequence seq, or -1 when it is bad (reported).
+__device__ __forceinline__ int key_block(const PagedArgs& a, int seq, int j, bool report) {
   const int block = a.tables[seq * a.table_stride[0] + static_cast<int64_t>(j / a.block_size) * a.table_stride[1]];
   if (block < 0 || block >= a.num_blocks) {
     if (report) report_device_error(a.error_word, DeviceErrorCode::paged_block, block);
     return -1;
   }
+  return block;
+}
+
+// Element offset of key j's row (kv head hk) in a pool, or -1 when its block id is bad (reported).
+__device__ __forceinline__ int64_t key_offset(const PagedArgs& a, const int64_t (&stride)[4], int seq, int j, int hk,
+                                              bool report) {
+  const int block = key_block(a, seq, j, report);
+  if (block < 0) return -1;
   return block * stride[0] + static_cast<int64_t>(j % a.block_size) * stride[1] + hk * stride[2];
 }
 
-// Shared memory: key offsets koff, voff [chunk] (int64), then f32: q [R][D] + scores [R][chunk] (the
-// key-slice sums [slices][R][D] reuse that space after phase 3), then row stats m, l [R].
-template <typename T, bool kDirect>
-__global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedArgs a) {
+// Rotary pair (x1, x2) turned by the angle pos * inv_freq, each result rounded to T and back: rope.cu's
+// arithmetic exactly (products rounded on their own, never fused with the add).
+template <typename T>
+__device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float inv_freq, T& y1, T& y2) {
+  float sn, cs;
+  sincosf(__fmul_rn(pos, inv_freq), &sn, &cs);
+  y1 = from_acc<T>(__fmul_rn(x1, cs) - __fmul_rn(x2, sn));
+  y2 = from_acc<T>(__fmul_rn(x2, cs) + __fmul_rn(x1, sn));
+}
+
+// Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
+// [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
+// one flag per key (its block id is bad).
+template <typename T, bool kDirect, bool kFused>
+__global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
   constexpr int R = kRowsPerCta;
   extern __shared__ __align__(16) unsigned char paged_smem[];
-  const int D = a.dim, chunk = a.chunk;
-  const int slices = kCtaThreads / (D / 8);
-  const int region = max(R * D + R * chunk, slices * R * D);
-  int64_t* koff = reinterpret_cast<int64_t*>(paged_smem);
-  int64_t* voff = koff + chunk;
-  float* sq = reinterpret_cast<float*>(voff + chunk);  // [R][D]
-  float* sc = sq + R * D;                              // [R][chunk]
-  float* red = sq;                                     // [slices][R][D], after phase 3
-  float* sm = sq + region;
+  const int D = a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
+  T* sk = reinterpret_cast<T*>(paged_smem);
+  T* sv = sk + chunk * pitch;
+  float* red = reinterpret_cast<float*>(paged_smem);
+  float* sq = reinterpret_cast<float*>(paged_smem + a.stage_bytes);
+  float* sc = sq + R * D;
+  float* sm = sc + R * chunk;
   float* sl = sm + R;
+  int* bad = reinterpret_cast<int*>(sl + R);
 
   const int rb = blockIdx.x % a.row_blocks;
   const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
@@ -131,48 +172,145 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
   if (c0 >= tok.len) {        // padding, or a split past the sequence's end: the combine does not read it
     if constexpr (kDirect) {  // one split: this CTA owns the output rows
       T* o = static_cast<T*>(a.out);
-      for (int idx = tid; idx < nr * D; idx += kCtaThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
+      for (int idx = tid; idx < nr * D; idx += kStagedThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
     }
     return;
   }
   const int nk = min(chunk, tok.len - c0);  // >= 1
+  // Fused: the chunk that holds the token's own position takes its new key and value from k_new / v_new.
+  const bool holds_new = kFused && tok.pos < c0 + nk;
+  const int from_pool = holds_new ? nk - 1 : nk;
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
 
-  // ---- phase 0: the chunk's key offsets through the block table; the rows' queries as f32 ----
-  for (int jj = tid; jj < nk; jj += kCtaThreads) {
-    koff[jj] = key_offset(a, a.k_stride, tok.seq, c0 + jj, hk, rb == 0 && hk == 0);
-    voff[jj] = koff[jj] < 0 ? -1 : key_offset(a, a.v_stride, tok.seq, c0 + jj, hk, false);
+  // ---- phase 0: stage the chunk's K and V rows (every 16-byte copy in flight at once); the queries ----
+  for (int p = tid; p < from_pool * dims8; p += kStagedThreads) {
+    const int jj = p / dims8, part = (p % dims8) * 8;
+    T* kd = sk + jj * pitch + part;
+    T* vd = sv + jj * pitch + part;
+    const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0);
+    if (part == 0) bad[jj] = block < 0;
+    if (block < 0) {  // zeros, so the skipped key's p = 0 never meets a NaN
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const int64_t row = static_cast<int64_t>((c0 + jj) % a.block_size);
+    copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
+    copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
   }
-  for (int idx = tid; idx < R * D; idx += kCtaThreads) {
-    const int r = idx / D, d = idx % D;
-    const T* q = static_cast<const T*>(a.q);
-    sq[idx] = r < nr ? to_acc(q[n * a.q_stride[0] + (hk * a.group + r0 + r) * a.q_stride[1] + d * a.q_stride[2]]) : 0.f;
+  const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
+  if constexpr (kFused) {
+    const int half = D / 2;
+    const float pos = static_cast<float>(tok.pos);
+    for (int idx = tid; idx < R * half; idx += kStagedThreads) {
+      const int r = idx / half, i = idx % half, first = i * a.pair_step, second = first + a.partner;
+      T y1 = from_acc<T>(0.f), y2 = from_acc<T>(0.f);
+      if (r < nr) {
+        const T* qr = q + r * a.q_stride[1];
+        rotate_pair(to_acc(qr[first * a.q_stride[2]]), to_acc(qr[second * a.q_stride[2]]), pos, freq.v[i], y1, y2);
+      }
+      sq[r * D + first] = to_acc(y1);
+      sq[r * D + second] = to_acc(y2);
+    }
+    if (holds_new) {
+      const int jj = nk - 1;
+      const T* kn = static_cast<const T*>(a.k_new) + n * a.k_new_stride[0] + hk * a.k_new_stride[1];
+      const T* vn = static_cast<const T*>(a.v_new) + n * a.v_new_stride[0] + hk * a.v_new_stride[1];
+      // The first row block writes the pools, once: the slot must be the table's slot for this position.
+      int64_t kw = -1, vw = -1;
+      if (rb == 0) {
+        const int slot = a.slots[n * a.slot_stride];
+        const int block = key_block(a, tok.seq, tok.pos, false);
+        if (block >= 0 && slot == block * a.block_size + tok.pos % a.block_size) {
+          const int64_t row = tok.pos % a.block_size;
+          kw = block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2];
+          vw = block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2];
+        } else if (tid == 0 && hk == 0) {
+          report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
+        }
+      }
+      T* kpw = const_cast<T*>(kp);
+      T* vpw = const_cast<T*>(vp);
+      for (int i = tid; i < half; i += kStagedThreads) {
+        const int first = i * a.pair_step, second = first + a.partner;
+        T y1, y2;
+        rotate_pair(to_acc(kn[first * a.k_new_stride[2]]), to_acc(kn[second * a.k_new_stride[2]]), pos, freq.v[i],
+                    y1, y2);
+        sk[jj * pitch + first] = y1;
+        sk[jj * pitch + second] = y2;
+        if (kw >= 0) {
+          kpw[kw + first] = y1;
+          kpw[kw + second] = y2;
+        }
+      }
+      for (int d = tid; d < D; d += kStagedThreads) {
+        const T x = vn[d * a.v_new_stride[2]];
+        sv[jj * pitch + d] = x;
+        if (vw >= 0) vpw[vw + d] = x;
+      }
+      if (tid == 0) bad[jj] = 0;
+    }
+  } else {
+    for (int idx = tid; idx < R * D; idx += kStagedThreads) {
+      const int r = idx / D, d = idx % D;
+      sq[idx] = r < nr ? to_acc(q[r * a.q_stride[1] + d * a.q_stride[2]]) : 0.f;
+    }
   }
+  copy_async_wait_all();
   __syncthreads();
 
   // ---- phase 1: scores, one key per thread, all rows at once ----
-  const T* kp = static_cast<const T*>(a.k_pool);
-  const T* vp = static_cast<const T*>(a.v_pool);
-  for (int jj = tid; jj < nk; jj += kCtaThreads) {
-    float acc[R] = {};
-    const bool valid = koff[jj] >= 0;
-    if (valid) decode_phases::dot_rows<R>(kp + koff[jj], sq, D, acc);
+  for (int jj = tid; jj < nk; jj += kStagedThreads) {
+    float acc[R];
+    decode_phases::dot_rows<R>(sk + jj * pitch, sq, D, acc);
+    const bool valid = !bad[jj];
 #pragma unroll
     for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
   }
   __syncthreads();
 
   // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
-  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kCtaThreads / 32);
+  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
   __syncthreads();
 
-  // ---- phase 3: o = sum_j p_j v_j, per key slice into red (a bad block's key is skipped: its p is 0) ----
-  decode_phases::accumulate_pv<R, kCtaThreads, T>(sc, chunk, nk, D, red, [&](int jj) {
-    return voff[jj] < 0 ? nullptr : vp + voff[jj];
-  });
-  for (int idx = tid; idx < nr * D; idx += kCtaThreads) {
+  // ---- phase 3: o = sum_j p_j v_j: lane = (key slice in the warp, 8-dim slice); slices summed by shuffles ----
+  const int lane = tid % 32, warp = tid / 32;
+  const int per_warp = 32 / dims8, dc = lane % dims8, kq = lane / dims8;
+  float acc[R][8];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  for (int jj = warp * per_warp + kq; jj < nk; jj += kStagedWarps * per_warp) {
+    float vx[8];
+    load8(sv + jj * pitch + dc * 8, vx);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float p = sc[r * chunk + jj];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
+    }
+  }
+  for (int offset = dims8; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += MICROLLM_SHFL_XOR(acc[r][e], offset);
+  }
+  __syncthreads();  // the staged rows are dead: red overwrites them
+  if (kq == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + dc * 8 + e] = acc[r][e];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
     const int r = idx / D, d = idx % D;
     float o = 0.f;
-    for (int s = 0; s < slices; ++s) o += red[(s * R + r) * D + d];
+#pragma unroll
+    for (int w = 0; w < kStagedWarps; ++w) o += red[(w * R + r) * D + d];
     const int64_t row = out_row(r);
     if constexpr (kDirect) {
       static_cast<T*>(a.out)[row * D + d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
@@ -181,7 +319,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
     }
   }
   if constexpr (!kDirect) {
-    for (int r = tid; r < nr; r += kCtaThreads) {
+    for (int r = tid; r < nr; r += kStagedThreads) {
       const int64_t row = out_row(r);
       a.part_m[row * a.n_split + split] = sm[r];
       a.part_l[row * a.n_split + split] = sl[r];
@@ -192,7 +330,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_partial_kernel(const PagedA
 // One block per query row (n, h) of [N * Hq]; shared memory: the splits' weights [n_split] and 32 floats
 // of reduction scratch. Only the splits that ran (those that start before the token's length) are read.
 template <typename T>
-__global__ void __launch_bounds__(kCtaThreads) paged_combine_kernel(const PagedArgs a, int64_t rows) {
+__global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const PagedArgs a, int64_t rows) {
   extern __shared__ __align__(16) float combine_smem[];
   float* w = combine_smem;
   float* scratch = w + a.n_split;
@@ -208,7 +346,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_combine_kernel(const PagedA
 // Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an
 // online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
 template <typename T>
-__global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedArgs a) {
+__global__ void __launch_bounds__(kSmallThreads) paged_simple_kernel(const PagedArgs a) {
   extern __shared__ __align__(16) unsigned char simple_smem[];
   const int D = a.dim, tid = threadIdx.x;
   int64_t* voff = reinterpret_cast<int64_t*>(simple_smem);   // [128]
@@ -220,7 +358,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedAr
   const int h = static_cast<int>(row % a.q_heads), hk = h / a.group;
   const Token tok = resolve(a, n, h == 0 && tid == 0);
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + h * a.q_stride[1];
-  for (int d = tid; d < D; d += kCtaThreads) {
+  for (int d = tid; d < D; d += kSmallThreads) {
     sq[d] = to_acc(q[d * a.q_stride[2]]);
     acc[d] = 0.f;
   }
@@ -248,7 +386,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedAr
     voff[tid] = vo;
     l = l * alpha + block_sum(p, scratch);  // its barriers also publish sp and voff
     const int keys = min(kSimpleKeys, tok.len - c0);
-    for (int d = tid; d < D; d += kCtaThreads) {
+    for (int d = tid; d < D; d += kSmallThreads) {
       float x = acc[d] * alpha;
       for (int t = 0; t < keys; ++t) {
         if (voff[t] >= 0) x += sp[t] * to_acc(vp[voff[t] + d * a.v_stride[3]]);
@@ -259,7 +397,7 @@ __global__ void __launch_bounds__(kCtaThreads) paged_simple_kernel(const PagedAr
     __syncthreads();  // sp and voff are rewritten by the next step
   }
   T* o = static_cast<T*>(a.out) + row * D;
-  for (int d = tid; d < D; d += kCtaThreads) o[d] = from_acc<T>(l > 0.f ? acc[d] / l : 0.f);
+  for (int d = tid; d < D; d += kSmallThreads) o[d] = from_acc<T>(l > 0.f ? acc[d] / l : 0.f);
 }
 
 // pool[slots[n]] = k[n], v[n]: one thread per element of k, coalesced along D.
@@ -308,15 +446,118 @@ __global__ void paged_gather_kernel(const T* __restrict__ pool, const int32_t* _
   }
 }
 
-// The fast kernel's 16-byte loads need D a multiple of 8, unit stride along D and every row 16-byte aligned.
+// The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
+// shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256).
 bool fast_layout(const Tensor& pool) {
-  const int64_t bytes = static_cast<int64_t>(pool.element_size());
-  if (pool.size(3) % 8 != 0 || pool.size(3) > kMaxFastDim || pool.stride(3) != 1) return false;
+  const int64_t bytes = static_cast<int64_t>(pool.element_size()), dim = pool.size(3);
+  if (dim % 8 != 0 || dim > kMaxFastDim || 32 % (dim / 8) != 0 || pool.stride(3) != 1) return false;
   if (reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 != 0) return false;
   for (int d = 0; d < 3; ++d) {
     if (pool.size(d) > 1 && (pool.stride(d) * bytes) % 16 != 0) return false;
   }
   return true;
+}
+
+// The new tokens of paged_decode_attention.
+struct NewTokens {
+  const Tensor& k;
+  const Tensor& v;
+  const Tensor& slots;
+  const RopeParams& rope;
+};
+
+// The staged kernel's dynamic shared memory may exceed the 48 KiB that needs no opt-in: allow the most any
+// launch asks for, once per instantiation (outside any graph capture's stream work: it is a host attribute).
+template <typename T, bool kDirect, bool kFused>
+void allow_staged_smem() {
+  static const bool done = [] {
+    MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(paged_staged_kernel<T, kDirect, kFused>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+    return true;
+  }();
+  (void)done;
+}
+
+// paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
+template <typename T, bool kFused>
+void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                   cudaStream_t stream) {
+  const int64_t rows = tokens * a.q_heads;
+  // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
+  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
+  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
+  const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, kStageBudget / row_bytes) / 32 * 32);
+  const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
+  int64_t chunk = cap;
+  if (max_context <= cap) {
+    chunk = (max_context + 31) / 32 * 32;  // one split: no combine kernel
+  } else {
+    const int64_t want_splits = std::max<int64_t>(1, (2 * sms + base_ctas - 1) / base_ctas);
+    chunk = (max_context + want_splits - 1) / want_splits;
+    chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, std::min<int64_t>(kMinSplitChunk, cap), cap);
+  }
+  const int64_t n_split = (max_context + chunk - 1) / chunk;
+  a.chunk = static_cast<int>(chunk);
+  a.n_split = static_cast<int>(n_split);
+  a.stage_bytes = static_cast<int>(
+      std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * kRowsPerCta * a.dim * 4) + 15) / 16 * 16;
+  const size_t smem =
+      static_cast<size_t>(a.stage_bytes) + (kRowsPerCta * (a.dim + chunk) + 2 * kRowsPerCta + chunk) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
+  if (n_split == 1) {
+    allow_staged_smem<T, true, kFused>();
+    paged_staged_kernel<T, true, kFused><<<grid, kStagedThreads, smem, stream>>>(a, freq);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
+  const Tensor part_m = Tensor::empty({rows * n_split}, DType::f32, dev);
+  const Tensor part_l = Tensor::empty({rows * n_split}, DType::f32, dev);
+  a.part_o = part_o.data<float>();
+  a.part_m = part_m.data<float>();
+  a.part_l = part_l.data<float>();
+  allow_staged_smem<T, false, kFused>();
+  paged_staged_kernel<T, false, kFused><<<grid, kStagedThreads, smem, stream>>>(a, freq);
+  MICROLLM_CUDA_CHECK_LAUNCH();
+  const size_t combine_smem = (n_split + 32) * sizeof(float);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
+  paged_combine_kernel<T><<<blocks, kSmallThreads, combine_smem, stream>>>(a, rows);
+  MICROLLM_CUDA_CHECK_LAUNCH();
+}
+
+// The arguments every attention kernel reads.
+PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
+                         const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                         const Tensor& out, uint64_t* error_word) {
+  PagedArgs a{};
+  a.q = q.data_ptr();
+  a.k_pool = k_pool.data_ptr();
+  a.v_pool = v_pool.data_ptr();
+  a.tables = block_tables.data<int32_t>();
+  a.seq_ids = seq_ids.data<int32_t>();
+  a.positions = positions.data<int32_t>();
+  for (int d = 0; d < 3; ++d) a.q_stride[d] = q.stride(d);
+  for (int d = 0; d < 4; ++d) {
+    a.k_stride[d] = k_pool.stride(d);
+    a.v_stride[d] = v_pool.stride(d);
+  }
+  a.table_stride[0] = block_tables.stride(0);
+  a.table_stride[1] = block_tables.stride(1);
+  a.seq_stride = seq_ids.stride(0);
+  a.pos_stride = positions.stride(0);
+  a.q_heads = static_cast<int>(q.size(1));
+  a.kv_heads = static_cast<int>(k_pool.size(2));
+  a.group = a.q_heads / a.kv_heads;
+  a.dim = static_cast<int>(q.size(2));
+  a.block_size = static_cast<int>(k_pool.size(1));
+  a.num_blocks = static_cast<int>(std::min<int64_t>(k_pool.size(0), INT32_MAX));  // i32 block ids
+  a.num_seqs = static_cast<int>(std::min<int64_t>(block_tables.size(0), INT32_MAX));
+  a.max_context = static_cast<int>(max_context);  // the op checked it fits i32
+  a.scale = static_cast<float>(scale);
+  a.row_blocks = (a.group + kRowsPerCta - 1) / kRowsPerCta;
+  a.out = out.data_ptr();
+  a.error_word = error_word;
+  return a;
 }
 
 }  // namespace
@@ -361,89 +602,70 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   OpScope scope("paged_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
   namespace pg = paged;
-  pg::PagedArgs a{};
-  a.q = q.data_ptr();
-  a.k_pool = k_pool.data_ptr();
-  a.v_pool = v_pool.data_ptr();
-  a.tables = block_tables.data<int32_t>();
-  a.seq_ids = seq_ids.data<int32_t>();
-  a.positions = positions.data<int32_t>();
-  for (int d = 0; d < 3; ++d) a.q_stride[d] = q.stride(d);
-  for (int d = 0; d < 4; ++d) {
-    a.k_stride[d] = k_pool.stride(d);
-    a.v_stride[d] = v_pool.stride(d);
-  }
-  a.table_stride[0] = block_tables.stride(0);
-  a.table_stride[1] = block_tables.stride(1);
-  a.seq_stride = seq_ids.stride(0);
-  a.pos_stride = positions.stride(0);
+  const pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+                                             out, detail::cuda_error_word(device_));
   const int64_t tokens = q.size(0);
-  a.q_heads = static_cast<int>(q.size(1));
-  a.kv_heads = static_cast<int>(k_pool.size(2));
-  a.group = a.q_heads / a.kv_heads;
-  a.dim = static_cast<int>(q.size(2));
-  a.block_size = static_cast<int>(k_pool.size(1));
-  a.num_blocks = static_cast<int>(std::min<int64_t>(k_pool.size(0), INT32_MAX));  // i32 block ids
-  a.num_seqs = static_cast<int>(std::min<int64_t>(block_tables.size(0), INT32_MAX));
-  a.max_context = static_cast<int>(max_context);  // the op checked it fits i32
-  a.scale = static_cast<float>(scale);
-  a.out = out.data_ptr();
-  a.error_word = detail::cuda_error_word(device_);
-  const int64_t rows = tokens * a.q_heads;
-
-  // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
-  a.row_blocks = (a.group + pg::kRowsPerCta - 1) / pg::kRowsPerCta;
-  const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
-  const int64_t want_splits =
-      std::max<int64_t>(1, (2 * attention::multiprocessor_count(launch.device) + base_ctas - 1) / base_ctas);
-  int64_t chunk = (max_context + want_splits - 1) / want_splits;
-  chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, pg::kMinChunk, pg::kMaxChunk);
-  // (One split for max_context <= 256, written directly without the combine kernel, measured slower on the
-  // H200 at batch 1: 15.2 against 12.0 us at Qwen2.5-0.5B's heads, 24.2 against 15.5 us at the 1.5B's.)
-  const int64_t n_split = (max_context + chunk - 1) / chunk;
-  a.chunk = static_cast<int>(chunk);
-  a.n_split = static_cast<int>(n_split);
-  const bool fast =
-      pg::fast_layout(k_pool) && pg::fast_layout(v_pool) && n_split <= pg::kMaxSplits && base_ctas < (int64_t{1} << 31);
-
+  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) &&
+                    tokens * a.kv_heads * a.row_blocks < (int64_t{1} << 31) &&
+                    (max_context + 31) / 32 <= pg::kMaxSplits;
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
+    } else if (fast) {
+      pg::launch_staged<T, false>(a, pg::RopeFreq{}, tokens, max_context,
+                                  attention::multiprocessor_count(launch.device), out.device(), launch.stream);
     } else {
-      if (!fast) {
-        const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
-        if (smem > 48 * 1024) {
-          MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(
-              pg::paged_simple_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        }
-        pg::paged_simple_kernel<T><<<static_cast<unsigned>(rows), pg::kCtaThreads, smem, launch.stream>>>(a);
-        MICROLLM_CUDA_CHECK_LAUNCH();
-        return;
+      const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
+      if (smem > 48 * 1024) {
+        MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(pg::paged_simple_kernel<T>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       }
-      const int slices = pg::kCtaThreads / (a.dim / 8);
-      const size_t region =
-          std::max<size_t>(pg::kRowsPerCta * (a.dim + chunk), static_cast<size_t>(slices) * pg::kRowsPerCta * a.dim);
-      // <= 4 KiB of offsets + 32 KiB + 64 B: under the 48 KiB that needs no opt-in.
-      const size_t smem = 2 * chunk * sizeof(int64_t) + (region + 2 * pg::kRowsPerCta) * sizeof(float);
-      const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
-      if (n_split == 1) {
-        pg::paged_partial_kernel<T, true><<<grid, pg::kCtaThreads, smem, launch.stream>>>(a);
-        MICROLLM_CUDA_CHECK_LAUNCH();
-        return;
-      }
-      const Device dev = out.device();
-      const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
-      const Tensor part_m = Tensor::empty({rows * n_split}, DType::f32, dev);
-      const Tensor part_l = Tensor::empty({rows * n_split}, DType::f32, dev);
-      a.part_o = part_o.data<float>();
-      a.part_m = part_m.data<float>();
-      a.part_l = part_l.data<float>();
-      pg::paged_partial_kernel<T, false><<<grid, pg::kCtaThreads, smem, launch.stream>>>(a);
+      pg::paged_simple_kernel<T>
+          <<<static_cast<unsigned>(tokens * a.q_heads), pg::kSmallThreads, smem, launch.stream>>>(a);
       MICROLLM_CUDA_CHECK_LAUNCH();
-      const size_t combine_smem = (n_split + 32) * sizeof(float);
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
-      pg::paged_combine_kernel<T><<<blocks, pg::kCtaThreads, combine_smem, launch.stream>>>(a, rows);
-      MICROLLM_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                         double scale, int64_t max_context, const Tensor& out) {
+  namespace pg = paged;
+  const int64_t tokens = q.size(0), dim = q.size(2);
+  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) &&
+                    tokens * k_pool.size(2) * ((q.size(1) / k_pool.size(2) + pg::kRowsPerCta - 1) / pg::kRowsPerCta) <
+                        (int64_t{1} << 31) &&
+                    (max_context + 31) / 32 <= pg::kMaxSplits;
+  if (!fast) {  // the separate ops, one after the other
+    Backend::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+                                    max_context, out);
+    return;
+  }
+  OpScope scope("paged_decode_attention", device_, detail::current_cuda_stream(device_));
+  Launch launch(out);
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
+                                       detail::cuda_error_word(device_));
+  a.k_new = k.data_ptr();
+  a.v_new = v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.k_new_stride[d] = k.stride(d);
+    a.v_new_stride[d] = v.stride(d);
+  }
+  a.slots = slots.data<int32_t>();
+  a.slot_stride = slots.stride(0);
+  const bool split_half = rope.layout == RopeLayout::split_half;
+  a.pair_step = split_half ? 1 : 2;
+  a.partner = split_half ? static_cast<int>(dim / 2) : 1;
+  pg::RopeFreq freq{};
+  const std::vector<float> inv_freq = rope_inv_freq_as<float>(rope, dim);
+  std::copy(inv_freq.begin(), inv_freq.end(), freq.v);
+  visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      no_kernel("paged_decode_attention", DType::f64);
+    } else {
+      pg::launch_staged<T, true>(a, freq, tokens, max_context, attention::multiprocessor_count(launch.device),
+                                 out.device(), launch.stream);
     }
   });
 }
