@@ -208,6 +208,14 @@ void decode_step_ops(const Model& m) {
   const Tensor pq = random({1, m.heads, m.head_dim});
   graph_timed("paged_attention", str_cat("ctx ", context, " max_ctx ", context), e * 2 * context * kv,
               [&] { paged_attention(pq, k_pool, v_pool, tables, seq, pos, 0, context); });
+  // What a decode step runs instead of the three above: rotary + cache write + attention in one kernel.
+  const Tensor qkv_row = random({1, q + 2 * kv}), attn_out = random({1, m.heads, m.head_dim});
+  graph_timed("paged_decode_attention", str_cat("ctx ", context, " max_ctx ", context), e * 2 * context * kv, [&] {
+    paged_decode_attention(qkv_row.narrow(1, 0, q).view({1, m.heads, m.head_dim}),
+                           qkv_row.narrow(1, q, kv).view({1, m.kv_heads, m.head_dim}),
+                           qkv_row.narrow(1, q + kv, kv).view({1, m.kv_heads, m.head_dim}), rope_params, k_pool,
+                           v_pool, slots, tables, seq, pos, 0, context, attn_out);
+  });
   graph_timed("linear_o", str_cat("[1, ", q, "] x [", m.hidden, ", ", q, "]"), e * w_o.numel(),
               [&] { linear(pq.reshape({1, q}), w_o); });
   graph_timed("linear_gate_up", str_cat("[1, ", m.hidden, "] x [", 2 * m.intermediate, ", ", m.hidden, "]"),

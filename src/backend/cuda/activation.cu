@@ -21,6 +21,8 @@ __global__ void gated_contiguous(const std::array<T*, NOUT> outs, const std::arr
                                  Fn fn) {
   using A = acc_t<T>;
   const int64_t packs = n / V;
+  wait_for_prior_grids();  // launched chained (a decode step's SwiGLU reads the GEMM before it)
+  chain_next_grids();
   MICROLLM_GRID_STRIDE_LOOP(p, packs) {
     Pack<V, T> in[NIN];
 #pragma unroll
@@ -92,7 +94,8 @@ void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::arr
   const StridedMeta<NIN + NOUT> meta = make_strided_meta<NIN + NOUT>(outputs[0]->shape(), strides);
   if (all_contiguous(meta) && aligned) {
     constexpr int V = 16 / sizeof(T);
-    gated_contiguous<T, NIN, NOUT, V><<<grid_for(n / V + 1), kThreads, 0, launch.stream>>>(outs, ins, n, fn);
+    launch_chained(gated_contiguous<T, NIN, NOUT, V, Fn>, grid_for(n / V + 1), kThreads, 0, launch.stream,
+                   launch.device, outs, ins, n, fn);
   } else {
     gated_strided<T, NIN, NOUT><<<grid_for(n), kThreads, 0, launch.stream>>>(outs, ins, meta, n, fn);
   }

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "../../core/cuda/cuda_check.h"
 #include "../../core/merge_dims.h"
@@ -91,6 +92,44 @@ __device__ __forceinline__ void copy_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
+}
+
+// ---- chained launches (programmatic dependent launch, sm_90) ----
+// A decode step is ~200 small dependent kernels; between two of them the GPU idles while the next one
+// launches and loads its prologue. A kernel launched with launch_chained may instead start while the kernel
+// before it on the stream is still running, so that gap overlaps the previous kernel's tail. Such a kernel
+// must call wait_for_prior_grids() before it touches global memory (it returns once the kernel before has
+// finished and its writes are visible; transitively, every earlier kernel too), and calls chain_next_grids()
+// to let the next chained kernel launch early. Both are no-ops before sm_90, in a HIP port, or when the
+// kernel was launched plainly. MICROLLM_PDL=0 makes launch_chained launch plainly (an A/B switch).
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void chain_next_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches on `device` may be chained: compute capability 9.0 or later and MICROLLM_PDL not "0".
+bool chained_launches(int device);
+
+template <typename... Params, typename... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
+                    Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = chained_launches(device) ? 1 : 0;
+  MICROLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // ---- launching ----

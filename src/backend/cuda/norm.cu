@@ -106,6 +106,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
   static_assert(TPR == 32 || TPR == kNormThreads, "a row is a warp or the block");
   constexpr int kRowsPerBlock = kNormThreads / TPR;
   __shared__ A scratch[32];
+  wait_for_prior_grids();  // launched chained: the previous kernel's output is x or the residual
+  chain_next_grids();
   const int lane = threadIdx.x % TPR;
   const int64_t groups = args.n / V;
   // Uniform per row group: every thread of a warp (TPR 32) or of the block (TPR 256) runs the same rows.
@@ -321,12 +323,13 @@ bool row_strides_aligned(const StridedMeta<2>& meta, size_t element_size) {
 }
 
 template <typename T, int V, int P, int TPR>
-void launch_cached(const ForwardArgs<T>& args, cudaStream_t stream) {
-  rms_norm_cached<T, V, P, TPR><<<grid_for(args.n_rows, kNormThreads / TPR), kNormThreads, 0, stream>>>(args);
+void launch_cached(const ForwardArgs<T>& args, cudaStream_t stream, int device) {
+  launch_chained(rms_norm_cached<T, V, P, TPR>, grid_for(args.n_rows, kNormThreads / TPR), kNormThreads, 0, stream,
+                 device, args);
 }
 
 template <typename T>
-void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream) {
+void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream, int device) {
   constexpr int V = 16 / sizeof(T);
   if (vectorized) {
     args.x_step = args.r_step = args.w_step = 1;
@@ -334,15 +337,15 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream) {
     // A warp per row up to 8 packs per lane (the models' hidden sizes: bf16 rows up to 2048), 8 rows per
     // block, no block barriers; longer rows take the block. (A warp with 16 packs per lane on bf16 rows of
     // 4096 measured 35% of copy bandwidth on the H200, the block 64%: too few warps in flight per SM.)
-    if (groups <= 32) return launch_cached<T, V, 1, 32>(args, stream);
-    if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream);
-    if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream);
-    if (groups <= 256) return launch_cached<T, V, 8, 32>(args, stream);
+    if (groups <= 32) return launch_cached<T, V, 1, 32>(args, stream, device);
+    if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream, device);
+    if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream, device);
+    if (groups <= 256) return launch_cached<T, V, 8, 32>(args, stream, device);
     // Rows of 257..2048 packs: the block per row. (Measured on the H200 at [16384, 4096] bf16, copy 3.74
     // TB/s: 256 threads per row 65% of it, 128 threads (2 rows per block) 64%, 64 threads 55%.)
-    if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream);
-    if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream);
-    if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream);
+    if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream, device);
+    if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream, device);
+    if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream, device);
     rms_norm_two_pass<T, V><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
   } else {
     rms_norm_two_pass<T, 1><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
@@ -388,7 +391,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor
                             args.w_step == 1 && aligned16(args.x) && (!fused || aligned16(args.residual)) &&
                             aligned16(args.weight) && aligned16(args.out) && (!args.h_out || aligned16(args.h_out)) &&
                             row_strides_aligned(args.rows, sizeof(T));
-    launch_forward<T>(args, vectorized, launch.stream);
+    launch_forward<T>(args, vectorized, launch.stream, launch.device);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -160,6 +160,8 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   float* sl = sm + R;
   int* bad = reinterpret_cast<int*>(sl + R);
 
+  wait_for_prior_grids();  // launched chained: q (and k, v) come from the kernel before
+  chain_next_grids();
   const int rb = blockIdx.x % a.row_blocks;
   const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
   const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
@@ -184,8 +186,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   const T* vp = static_cast<const T*>(a.v_pool);
 
   // ---- phase 0: stage the chunk's K and V rows (every 16-byte copy in flight at once); the queries ----
-  for (int p = tid; p < from_pool * dims8; p += kStagedThreads) {
-    const int jj = p / dims8, part = (p % dims8) * 8;
+  constexpr int kPiece = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
+  const int pieces = D / kPiece;
+  for (int p = tid; p < from_pool * pieces; p += kStagedThreads) {
+    const int jj = p / pieces, part = (p % pieces) * kPiece;
     T* kd = sk + jj * pitch + part;
     T* vd = sv + jj * pitch + part;
     const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0);
@@ -334,6 +338,8 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
   extern __shared__ __align__(16) float combine_smem[];
   float* w = combine_smem;
   float* scratch = w + a.n_split;
+  wait_for_prior_grids();  // launched chained after the staged kernel
+  chain_next_grids();
   const int D = a.dim;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const Token tok = resolve(a, row / a.q_heads, false);  // the partial kernel reported bad values
@@ -482,6 +488,7 @@ void allow_staged_smem() {
 template <typename T, bool kFused>
 void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                    cudaStream_t stream) {
+  const int device = dev.index;
   const int64_t rows = tokens * a.q_heads;
   // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
   a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
@@ -506,8 +513,7 @@ void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t ma
   const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
   if (n_split == 1) {
     allow_staged_smem<T, true, kFused>();
-    paged_staged_kernel<T, true, kFused><<<grid, kStagedThreads, smem, stream>>>(a, freq);
-    MICROLLM_CUDA_CHECK_LAUNCH();
+    launch_chained(paged_staged_kernel<T, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
     return;
   }
   const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
@@ -517,12 +523,10 @@ void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t ma
   a.part_m = part_m.data<float>();
   a.part_l = part_l.data<float>();
   allow_staged_smem<T, false, kFused>();
-  paged_staged_kernel<T, false, kFused><<<grid, kStagedThreads, smem, stream>>>(a, freq);
-  MICROLLM_CUDA_CHECK_LAUNCH();
+  launch_chained(paged_staged_kernel<T, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
   const size_t combine_smem = (n_split + 32) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
-  paged_combine_kernel<T><<<blocks, kSmallThreads, combine_smem, stream>>>(a, rows);
-  MICROLLM_CUDA_CHECK_LAUNCH();
+  launch_chained(paged_combine_kernel<T>, blocks, kSmallThreads, combine_smem, stream, device, a, rows);
 }
 
 // The arguments every attention kernel reads.
