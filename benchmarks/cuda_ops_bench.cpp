@@ -232,6 +232,74 @@ void decode_step_ops(const Model& m) {
               [&] { embedding(embed, seq.reshape({1, 1})); });
 }
 
+// The four projections of a decode step (m = 1 and 8 rows) with their weights coming from DRAM, through
+// cuBLASLt (decode_gemv() off) and through the GEMV (src/backend/cuda/gemv.cu): each call reads the next of
+// enough weight copies that together they exceed 200 MB (4x the 50 MB L2), so no call finds its weights in
+// L2; the calls over all copies are captured in one CUDA graph, replayed, and timed per call (no host launch
+// cost, as in the engine's graphs). op "decode_linear/<qkv|o|gate_up|down>"; "ms" is the GEMV's time (the
+// path the model takes), "cublaslt_ms" the other, "speedup" = cublaslt_ms / gemv_ms, "*_tbps" the weight
+// bytes per second.
+void decode_linear_ops(const Model& m) {
+  const int64_t q = m.heads * m.head_dim, qkv = q + 2 * m.kv_heads * m.head_dim;
+  struct Projection {
+    const char* name;
+    int64_t n, k;
+    bool bias;
+  };
+  const Projection projections[] = {{"qkv", qkv, m.hidden, true},
+                                    {"o", m.hidden, q, false},
+                                    {"gate_up", 2 * m.intermediate, m.hidden, false},
+                                    {"down", m.hidden, m.intermediate, false}};
+  constexpr double kColdBytes = 200e6;
+  constexpr int kReplays = 10;
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  const bool was = decode_gemv();
+  for (const Projection& p : projections) {
+    for (int64_t rows : {int64_t{1}, int64_t{8}}) {
+      const std::string op = str_cat("decode_linear/", p.name);
+      if (!selected(op, m.name)) continue;
+      const double weight_bytes = 2.0 * p.n * p.k;
+      const int copies = static_cast<int>(kColdBytes / weight_bytes) + 2;
+      std::vector<Tensor> weights;
+      Tensor x, bias;
+      {
+        cuda::StreamGuard on(stream);
+        for (int i = 0; i < copies; ++i) weights.push_back(random({p.n, p.k}, DType::bf16, -0.05, 0.05));
+        x = random({rows, p.k});
+        if (p.bias) bias = random({p.n});
+      }
+      stream.synchronize();
+      auto per_call_ms = [&](bool gemv) {
+        set_decode_gemv(gemv);
+        cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
+          for (const Tensor& w : weights) linear(x, w, bias);
+        });
+        graph.replay();  // warm-up (plans, clocks)
+        stream.synchronize();
+        cuda::Event start(0), end(0);
+        start.record(stream);
+        for (int i = 0; i < kReplays; ++i) graph.replay();
+        end.record(stream);
+        end.synchronize();
+        return cuda::Event::elapsed_ms(start, end) / (copies * kReplays);
+      };
+      const double lt_ms = per_call_ms(false), gemv_ms = per_call_ms(true);
+      set_decode_gemv(was);
+      const double bytes = weight_bytes + 2.0 * rows * (p.k + p.n);
+      std::printf(
+          "{\"op\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, \"shape\": \"[%lld, %lld] x [%lld, %lld]^T%s, %d weight "
+          "copies\", \"ms\": %.6f, \"cublaslt_ms\": %.6f, \"speedup\": %.3f, \"gemv_tbps\": %.3f, \"cublaslt_tbps\": "
+          "%.3f, \"bytes\": %.0f, \"flops\": %.0f}\n",
+          op.c_str(), m.name, static_cast<long long>(rows), static_cast<long long>(rows), static_cast<long long>(p.k),
+          static_cast<long long>(p.n), static_cast<long long>(p.k), p.bias ? " + bias" : "", copies, gemv_ms, lt_ms,
+          lt_ms / gemv_ms, bytes / gemv_ms / 1e9, bytes / lt_ms / 1e9, bytes, 2.0 * rows * p.n * p.k);
+      std::fflush(stdout);
+    }
+  }
+  cuda::release_graph_pool(0, pool);
+}
+
 // Bandwidth-bound ops on >= 64 MB, against the device-to-device copy ceiling.
 void bandwidth_ops() {
   const int64_t rows = 16384, cols = 4096;  // 64 M elements: 128 MB in bf16
@@ -302,5 +370,6 @@ int main(int argc, char** argv) {
   sampling_ops();
   for (const Model& m : kModels) model_ops(m);
   for (const Model& m : kModels) decode_step_ops(m);
+  for (const Model& m : kModels) decode_linear_ops(m);
   return 0;
 }

@@ -185,4 +185,11 @@ bool allow_tf32();
 void set_deterministic_algorithms(bool deterministic);
 bool deterministic_algorithms();
 
+// Whether CUDA linear layers of decode size (m <= 8 rows, bf16/f16, x @ w^T) run the weight-streaming GEMV
+// (src/backend/cuda/gemv.cu) instead of cuBLASLt. On by default; the environment variable MICROLLM_GEMV=0
+// turns it off (read once, at the first call); set_decode_gemv overrides both (process-wide), so one run
+// can time the two paths. A CUDA graph keeps the path that was chosen when it was captured.
+void set_decode_gemv(bool enabled);
+bool decode_gemv();
+
 }  // namespace microllm

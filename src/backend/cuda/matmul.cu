@@ -4,7 +4,8 @@
 // made contiguous first. Batch dims collapse into one strided batch where their strides allow and loop
 // on the host where not. bf16/f16 accumulate in f32, f32 in f32 (TF32 only with set_allow_tf32), f64 in
 // f64. Plans (descriptors, layouts, the heuristic's algorithm) are cached per problem; a problem that
-// cuBLASLt refuses runs a plain fallback kernel instead.
+// cuBLASLt refuses runs a plain fallback kernel instead. Linear layers of decode size (m <= 8 rows, bf16/f16)
+// run the GEMV of gemv.cu instead of cuBLASLt.
 #include <climits>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "common.cuh"
 #include "cublaslt.h"
 #include "cuda_backend.h"
+#include "gemv.h"
 #include "op_scope.h"
 
 namespace microllm {
@@ -297,6 +299,8 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
     MICROLLM_CUDA_CHECK_LAUNCH();
     return;
   }
+  // Decode-sized linear layers (m <= 8, bf16/f16): a weight-streaming kernel beats cuBLASLt there (gemv.cu).
+  if (!ta && tb && try_decode_gemv(a_in, b_in, bias_data, bias_stride, out, launch.stream)) return;
   // Operands cuBLASLt can read in place; others become contiguous (a device copy on this stream).
   Tensor a = a_in, b = b_in;
   LtOperand lt_a{}, lt_b{};  // lt_a describes our b (cuBLASLt's A), lt_b our a

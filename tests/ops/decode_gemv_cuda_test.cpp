@@ -1,0 +1,190 @@
+// The decode GEMV (src/backend/cuda/gemv.cu): out = x @ w^T (+ bias) for m <= 8 rows, bf16/f16, against the
+// CPU reference on fresh random inputs (odd m, k and n, a row-strided x, NaN-poisoned outputs with a guard
+// band after them), against cuBLASLt (decode_gemv() off) at the projections of Qwen2.5-0.5B and
+// DeepSeek-R1-Distill-Qwen-1.5B, inside a CUDA graph, and the m = 9 hand-over to cuBLASLt. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef MICROLLM_WITH_CUDA
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/gemv.h"
+#include "microllm/backend/backend.h"
+#include "microllm/core/cuda.h"
+#include "microllm/ops/ops.h"
+#include "test_support.h"
+
+namespace microllm {
+namespace {
+
+using testing::random_tensor;
+
+const Device kGpu = Device::cuda(0);
+constexpr int64_t kGuard = 64;  // poisoned elements after the output: a write past [m, n] shows there
+
+// Puts decode_gemv() back after a test that sets it.
+struct GemvSetting {
+  bool was = decode_gemv();
+  explicit GemvSetting(bool enabled) { set_decode_gemv(enabled); }
+  ~GemvSetting() { set_decode_gemv(was); }
+  GemvSetting(const GemvSetting&) = delete;
+  GemvSetting& operator=(const GemvSetting&) = delete;
+};
+
+// A NaN-filled buffer of m * n + kGuard elements; out is its first m * n as a contiguous [m, n].
+struct PoisonedOut {
+  Tensor buffer, out;
+  PoisonedOut(int64_t m, int64_t n, DType dtype)
+      : buffer(Tensor::full({m * n + kGuard}, std::numeric_limits<double>::quiet_NaN(), dtype, kGpu)),
+        out(buffer.narrow(0, 0, m * n).view({m, n})) {}
+  // Every guard element is still NaN.
+  bool guard_intact() const {
+    for (double v : testing::host_values(buffer.narrow(0, out.numel(), kGuard).to(Device::cpu()))) {
+      if (!std::isnan(v)) return false;
+    }
+    return true;
+  }
+};
+
+class DecodeGemvCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(kGpu); }
+  DType dtype() const { return GetParam(); }
+  double tol() const { return testing::tolerance(dtype()); }
+  Tensor rand(const Shape& s) { return random_tensor(s, dtype(), Device::cpu(), -1, 1); }
+};
+
+// Runs the GEMV itself (not through matmul's dispatch), so a case it refused would fail here instead of
+// passing through cuBLASLt unnoticed.
+void run_gemv(const Tensor& x, const Tensor& w, const Tensor& bias, const PoisonedOut& out) {
+  const bool taken = cuda_kernels::try_decode_gemv(
+      x, w, bias.defined() ? bias.data_ptr() : nullptr, bias.defined() ? bias.stride(0) : 0, out.out,
+      static_cast<cudaStream_t>(cuda::current_stream(0).handle()));
+  ASSERT_TRUE(taken) << "the GEMV refused x " << x.shape() << " strides " << x.strides() << ", w " << w.shape();
+  cuda::synchronize(0);
+}
+
+TEST_P(DecodeGemvCudaTest, MatchesTheCpuReference) {
+  const GemvSetting on(true);
+  for (int64_t m : {1, 2, 3, 5, 8}) {
+    for (int64_t k : {8, 200, 896, 4864}) {
+      for (int64_t n : {1, 7, 129, 1152}) {
+        for (bool with_bias : {false, true}) {
+          for (bool strided_x : {false, true}) {
+            SCOPED_TRACE(str_cat("m ", m, " k ", k, " n ", n, with_bias ? " bias" : "", strided_x ? " strided x" : ""));
+            const Tensor x_cpu = rand({m, k}), w_cpu = rand({n, k});
+            const Tensor bias_cpu = with_bias ? rand({n}) : Tensor();
+            // A strided x: columns 8..k+7 of a NaN-filled [m, k + 24] (16-byte aligned, rows k + 24 apart),
+            // so a read outside the view (past k in the last chunk, say) turns the result into NaN.
+            Tensor x_gpu = x_cpu.to(kGpu);
+            if (strided_x) {
+              x_gpu = Tensor::full({m, k + 24}, std::numeric_limits<double>::quiet_NaN(), dtype(), kGpu).narrow(1, 8, k);
+              x_gpu.copy_(x_cpu.to(kGpu));
+            }
+            const PoisonedOut out(m, n, dtype());
+            run_gemv(x_gpu, w_cpu.to(kGpu), with_bias ? bias_cpu.to(kGpu) : Tensor(), out);
+            if (HasFatalFailure()) return;
+            const Tensor ref = linear(x_cpu, w_cpu, bias_cpu);
+            EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), ref), tol());
+            EXPECT_TRUE(out.guard_intact()) << "the GEMV wrote past its output";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Through linear(), as the model calls it: the GEMV and cuBLASLt (decode_gemv() off) agree with each other
+// and with the CPU at the projections of both models, m = 1 and 8.
+TEST_P(DecodeGemvCudaTest, AgreesWithCublasLtAtTheModelShapes) {
+  struct Shape2 {
+    const char* name;
+    int64_t n, k;
+    bool bias;
+  };
+  const Shape2 shapes[] = {{"0.5b qkv", 1152, 896, true},   {"0.5b o", 896, 896, false},
+                           {"0.5b gate_up", 9728, 896, false}, {"0.5b down", 896, 4864, false},
+                           {"1.5b qkv", 2048, 1536, true},   {"1.5b o", 1536, 1536, false},
+                           {"1.5b gate_up", 17920, 1536, false}, {"1.5b down", 1536, 8960, false}};
+  for (const Shape2& s : shapes) {
+    for (int64_t m : {1, 8}) {
+      SCOPED_TRACE(str_cat(s.name, " m ", m));
+      const Tensor x_cpu = rand({m, s.k}), w_cpu = random_tensor({s.n, s.k}, dtype(), Device::cpu(), -0.05, 0.05);
+      const Tensor bias_cpu = s.bias ? rand({s.n}) : Tensor();
+      const Tensor x = x_cpu.to(kGpu), w = w_cpu.to(kGpu), bias = s.bias ? bias_cpu.to(kGpu) : Tensor();
+      Tensor gemv, cublaslt;
+      {
+        const GemvSetting on(true);
+        gemv = linear(x, w, bias).to(Device::cpu());
+      }
+      {
+        const GemvSetting off(false);
+        cublaslt = linear(x, w, bias).to(Device::cpu());
+      }
+      const Tensor ref = linear(x_cpu, w_cpu, bias_cpu);
+      EXPECT_LE(testing::relative_error(gemv, ref), tol()) << "GEMV vs CPU";
+      EXPECT_LE(testing::relative_error(cublaslt, ref), tol()) << "cuBLASLt vs CPU";
+      EXPECT_LE(testing::relative_error(gemv, cublaslt), tol()) << "GEMV vs cuBLASLt";
+    }
+  }
+}
+
+// Nine rows are past the GEMV: it declines, and matmul's cuBLASLt path gives the right answer.
+TEST_P(DecodeGemvCudaTest, NineRowsGoToCublasLt) {
+  const GemvSetting on(true);
+  const Tensor x_cpu = rand({9, 896}), w_cpu = rand({1152, 896}), bias_cpu = rand({1152});
+  const Tensor x = x_cpu.to(kGpu), w = w_cpu.to(kGpu), bias = bias_cpu.to(kGpu);
+  const PoisonedOut refused(9, 1152, dtype());
+  EXPECT_FALSE(cuda_kernels::try_decode_gemv(x, w, bias.data_ptr(), 1, refused.out,
+                                             static_cast<cudaStream_t>(cuda::current_stream(0).handle())));
+  cuda::synchronize(0);
+  EXPECT_TRUE(std::isnan(testing::host_values(refused.out.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()))[0]))
+      << "a refused call must launch nothing";
+  const PoisonedOut out(9, 1152, dtype());
+  backend_for(kGpu).matmul(x, w, false, true, bias, out.out);
+  EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), linear(x_cpu, w_cpu, bias_cpu)), tol());
+  EXPECT_TRUE(out.guard_intact());
+}
+
+// Captured in a CUDA graph (as the engine's decode steps are) and replayed on new inputs written into the
+// same buffers: the replay computes with them.
+TEST_P(DecodeGemvCudaTest, ReplaysInsideACudaGraph) {
+  const GemvSetting on(true);
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  const Tensor w_cpu = rand({896, 4864}), bias_cpu = rand({896});
+  Tensor x, w, bias, y;
+  {
+    const cuda::StreamGuard guard(stream);
+    x = rand({4, 4864}).to(kGpu);
+    w = w_cpu.to(kGpu);
+    bias = bias_cpu.to(kGpu);
+  }
+  stream.synchronize();
+  cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] { y = linear(x, w, bias); });
+  for (int replay = 0; replay < 2; ++replay) {
+    const Tensor x_cpu = rand({4, 4864});
+    {
+      const cuda::StreamGuard guard(stream);
+      x.copy_(x_cpu.to(kGpu));
+      y.copy_(Tensor::full(y.shape(), std::numeric_limits<double>::quiet_NaN(), dtype(), kGpu));
+    }
+    graph.replay();
+    stream.synchronize();
+    EXPECT_LE(testing::relative_error(y.to(Device::cpu()), linear(x_cpu, w_cpu, bias_cpu)), tol()) << "replay " << replay;
+  }
+  graph = cuda::Graph();
+  y = Tensor();
+  cuda::release_graph_pool(0, pool);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeGemvCudaTest, ::testing::Values(DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& param) { return std::string("cuda_") + dtype_name(param.param); });
+
+}  // namespace
+}  // namespace microllm
+
+#endif  // MICROLLM_WITH_CUDA
