@@ -78,19 +78,27 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int c_end = min(chunks, c_begin + chunks_per_warp);
 
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Rows past n (the last group) read row n - 1 again (L2 hits) and are never stored.
+  const T* w_lane = w + (row0 + g < n ? row0 + g : n - 1) * w_stride + t * 8;
+  uint4 wv[kLoadsInFlight];
+  auto load_weights = [&](int c0) {
+#pragma unroll
+    for (int j = 0; j < kLoadsInFlight; ++j) {
+      const int c = c0 + j;
+      // k % 8 == 0, so a lane's 8 elements lie wholly inside or wholly past k.
+      wv[j] = (c < c_end && c * kChunk + t * 8 < k) ? load_streamed(w_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The weights are no kernel's output: the first batch streams in while the kernel before (chained
+  // launch, common.cuh) still finishes; x, the bias and out wait for it.
+  if (row0 < n) load_weights(c_begin);
+  wait_for_prior_grids();
+  chain_next_grids();
   if (row0 < n) {  // warp-uniform: the last CTA may hold groups past n
-    // Rows past n (the last group) read row n - 1 again (L2 hits) and are never stored.
-    const T* w_lane = w + (row0 + g < n ? row0 + g : n - 1) * w_stride + t * 8;
     const T* x_lane = x + (g < m ? g : 0) * x_stride + t * 8;
     const bool x_live = g < m;
     for (int c0 = c_begin; c0 < c_end; c0 += kLoadsInFlight) {
-      uint4 wv[kLoadsInFlight];
-#pragma unroll
-      for (int j = 0; j < kLoadsInFlight; ++j) {
-        const int c = c0 + j;
-        // k % 8 == 0, so a lane's 8 elements lie wholly inside or wholly past k.
-        wv[j] = (c < c_end && c * kChunk + t * 8 < k) ? load_streamed(w_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
-      }
+      if (c0 != c_begin) load_weights(c0);
 #pragma unroll
       for (int j = 0; j < kLoadsInFlight; ++j) {
         const int c = c0 + j;
@@ -173,14 +181,13 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 
   const GemvLaunch l = plan_launch(n, k, multiprocessors(out.device().index));
   auto launch = [&]<typename T>() {
-    decode_gemv_kernel<T><<<l.blocks, l.threads, 0, stream>>>(
-        static_cast<const T*>(x.data_ptr()), x.stride(0), static_cast<const T*>(w.data_ptr()), w.stride(0),
-        static_cast<const T*>(bias), bias_stride, static_cast<T*>(out.data_ptr()), static_cast<int>(m),
-        static_cast<int>(n), static_cast<int>(k), l.split, l.chunks_per_warp);
+    launch_chained(decode_gemv_kernel<T>, l.blocks, l.threads, 0, stream, out.device().index,
+                   static_cast<const T*>(x.data_ptr()), x.stride(0), static_cast<const T*>(w.data_ptr()), w.stride(0),
+                   static_cast<const T*>(bias), bias_stride, static_cast<T*>(out.data_ptr()), static_cast<int>(m),
+                   static_cast<int>(n), static_cast<int>(k), l.split, l.chunks_per_warp);
   };
   if (dtype == DType::bf16) launch.template operator()<__nv_bfloat16>();
   else launch.template operator()<__half>();
-  MICROLLM_CUDA_CHECK_LAUNCH();
   return true;
 }
 
