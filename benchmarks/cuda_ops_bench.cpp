@@ -142,9 +142,25 @@ void model_ops(const Model& m) {
   }
 }
 
-// Each op of a batch-1 decode step, timed as a decode step runs it: 50 calls captured in one CUDA graph and
+// Milliseconds per call of fn as a decode step runs it: 50 calls captured in one CUDA graph on `stream` and
 // replayed, so the figure is the GPU's time per call without the host's launch cost (what the engine's
-// graphs pay). op "decode_step/<op>".
+// graphs pay).
+double graph_ms(const cuda::Stream& stream, uint64_t pool, const std::function<void()>& fn) {
+  constexpr int kCalls = 50, kReplays = 20;
+  cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
+    for (int i = 0; i < kCalls; ++i) fn();
+  });
+  graph.replay();
+  stream.synchronize();
+  cuda::Event start(0), end(0);
+  start.record(stream);
+  for (int i = 0; i < kReplays; ++i) graph.replay();
+  end.record(stream);
+  end.synchronize();
+  return cuda::Event::elapsed_ms(start, end) / (kCalls * kReplays);
+}
+
+// Each op of a batch-1 decode step, timed inside a CUDA graph (graph_ms). op "decode_step/<op>".
 void decode_step_ops(const Model& m) {
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
@@ -178,18 +194,7 @@ void decode_step_ops(const Model& m) {
   auto graph_timed = [&](const std::string& op, const std::string& shape, double bytes,
                          const std::function<void()>& fn) {
     if (!selected("decode_step/" + op, m.name)) return;
-    constexpr int kCalls = 50, kReplays = 20;
-    cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
-      for (int i = 0; i < kCalls; ++i) fn();
-    });
-    graph.replay();
-    stream.synchronize();
-    cuda::Event start(0), end(0);
-    start.record(stream);
-    for (int i = 0; i < kReplays; ++i) graph.replay();
-    end.record(stream);
-    end.synchronize();
-    const double ms = cuda::Event::elapsed_ms(start, end) / (kCalls * kReplays);
+    const double ms = graph_ms(stream, pool, fn);
     std::printf("{\"op\": \"decode_step/%s\", \"model\": \"%s\", \"tokens\": 1, \"shape\": \"%s\", \"ms\": %.6f, "
                 "\"bytes\": %.0f, \"flops\": 0}\n",
                 op.c_str(), m.name, shape.c_str(), ms, bytes);
@@ -350,6 +355,42 @@ void sampling_ops() {
   }
 }
 
+// sample_tokens of greedy rows inside a CUDA graph, as the engine's decode step runs it, at the Qwen vocabulary:
+// with SamplerRows::greedy_only (the max and finish kernels) and without (the same rows through the candidate
+// pass, the segmented sort and the choice, whose segments are all empty). op "decode_step/sample_tokens_<path>",
+// tokens = rows.
+void sampling_graph_ops() {
+  const int64_t vocab = 151936;
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  for (int64_t batch : {int64_t{1}, int64_t{8}, int64_t{32}}) {
+    for (const bool greedy_only : {true, false}) {
+      const std::string op = greedy_only ? "decode_step/sample_tokens_greedy_only" : "decode_step/sample_tokens_general";
+      if (!selected(op, "sampling")) continue;
+      Tensor logits, out;
+      SamplerRows rows;
+      {
+        cuda::StreamGuard on(stream);
+        logits = random({batch, vocab}, DType::bf16, -4, 10);
+        out = Tensor::empty({batch}, DType::i32, kGpu);
+        std::vector<float> params;
+        for (int64_t b = 0; b < batch; ++b) params.insert(params.end(), {0, 0, 1, 0, 1, 0, 0, 0});
+        rows = make_sampler_rows(params, std::vector<int64_t>(batch, 7), vocab, {}, kGpu);
+        rows.greedy_only = greedy_only;
+      }
+      stream.synchronize();
+      const double ms = graph_ms(stream, pool, [&] { sample_tokens(logits, rows, out); });
+      std::printf("{\"op\": \"%s\", \"model\": \"sampling\", \"tokens\": %lld, \"shape\": \"[%lld, %lld] bf16\", "
+                  "\"ms\": %.6f, \"bytes\": %.0f, \"flops\": 0}\n",
+                  op.c_str(), static_cast<long long>(batch), static_cast<long long>(batch),
+                  static_cast<long long>(vocab), ms, 2.0 * batch * vocab);
+      std::fflush(stdout);
+    }
+  }
+  stream.synchronize();
+  cuda::release_graph_pool(0, pool);
+}
+
 }  // namespace
 }  // namespace microllm
 
@@ -371,5 +412,6 @@ int main(int argc, char** argv) {
   for (const Model& m : kModels) model_ops(m);
   for (const Model& m : kModels) decode_step_ops(m);
   for (const Model& m : kModels) decode_linear_ops(m);
+  sampling_graph_ops();
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
@@ -53,12 +54,16 @@ struct Engine::Impl {
   Tensor row_ids;       // i32 [max_batch]: 0, 1, 2, ... (decode row r reads block table row r)
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
   int64_t sampler_columns = 0;
+  Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
   Tensor tokens;        // i32 [max_batch]: the ids sampled by the last step
   std::vector<int32_t> step_host;  // the host side of step_inputs, rewritten each decode step
 
   std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
   uint64_t graph_pool = 0;
-  std::map<std::pair<int64_t, int64_t>, cuda::Graph> graphs;  // (rows, context bound) -> decode step
+  // (rows, context bound, every row greedy) -> decode step. The all-greedy graphs sample with
+  // SamplerRows::greedy_only (two kernels instead of about fourteen); a step with a sampled row replays the
+  // general one.
+  std::map<std::tuple<int64_t, int64_t, bool>, cuda::Graph> graphs;
 
   // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
   // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
@@ -95,7 +100,12 @@ struct Engine::Impl {
     step_host.resize(static_cast<size_t>(kStepRows * b));
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
-    sampler.params = Tensor::zeros({b, sampler_columns}, DType::f32, device);
+    // Rows where no sequence decodes sample greedily (their ids are ignored), so that a step whose decoding
+    // rows are all greedy may promise greedy_only for the whole [0, rows) range it samples.
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy_params = Tensor::from_vector(greedy.row(), {sampler_columns}, device);
+    sampler.params = greedy_params.reshape({1, sampler_columns}).expand({b, sampler_columns}).clone();
     sampler.rng = Tensor::zeros({b, 2}, DType::i64, device);
     sampler.counts = Tensor::zeros({b, config.vocab_size}, DType::i32, device);
     tokens = Tensor::zeros({b}, DType::i32, device);
@@ -190,20 +200,21 @@ struct Engine::Impl {
     }
   }
 
-  // The sequence's block table row and sampling parameters, written once at admission.
+  // The sequence's block table row, written once at admission.
   void upload_row_state(const Sequence& seq) {
     const int64_t row = seq.row;
     std::vector<int32_t> table(static_cast<size_t>(max_blocks_per_sequence), 0);
     std::copy(seq.blocks.begin(), seq.blocks.end(), table.begin());
     block_tables.select(0, row).copy_(Tensor::from_vector(table, {max_blocks_per_sequence}));
-    sampler.params.select(0, row).copy_(Tensor::from_vector(seq.request.sampling.row(), {sampler_columns}));
   }
 
-  // The prompt is in the cache but its last token: the next decode steps sample for this row. Its random
-  // counter and token counts start now, not at admission, because every decode step draws for every row
-  // of its batch, the rows still prefilling included (their draws are ignored).
+  // The prompt is in the cache but its last token: the next decode steps sample for this row. Its sampling
+  // parameters, random counter and token counts start now, not at admission, because every decode step draws
+  // for every row of its batch, the rows still prefilling included (their draws are ignored): until now the
+  // row was greedy (see greedy_params), so that it does not keep the other rows off the greedy-only path.
   void start_decoding(Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
+    sampler.params.select(0, seq.row).copy_(Tensor::from_vector(p.row(), {sampler_columns}));
     const std::vector<std::vector<int32_t>> history =
         p.penalized() ? std::vector<std::vector<int32_t>>{seq.request.prompt} : std::vector<std::vector<int32_t>>{};
     const SamplerRows fresh =
@@ -218,6 +229,7 @@ struct Engine::Impl {
   void finish(Sequence* seq, FinishReason reason) {
     seq->result.finish_reason = reason;
     rows[static_cast<size_t>(seq->row)] = nullptr;
+    if (seq->next_token >= 0) sampler.params.select(0, seq->row).copy_(greedy_params);  // see start_decoding
     std::unique_ptr<Sequence> owned;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -338,15 +350,15 @@ struct Engine::Impl {
     return count > 0;
   }
 
-  SamplerRows narrow_rows(int64_t first, int64_t count) const {
+  SamplerRows narrow_rows(int64_t first, int64_t count, bool greedy_only) const {
     return SamplerRows{sampler.params.narrow(0, first, count), sampler.rng.narrow(0, first, count),
-                       sampler.counts.narrow(0, first, count)};
+                       sampler.counts.narrow(0, first, count), greedy_only};
   }
 
   // The decode forward + sampling over rows [0, rows) with attention bounded by `context`: what a graph
   // records. Reads step_inputs, block_tables and the sampler state; writes the cache, the sampler state and
-  // tokens[0, rows).
-  void decode_forward(int64_t batch_rows, int64_t context) {
+  // tokens[0, rows). greedy_only: every row of [0, rows) has greedy params on the device.
+  void decode_forward(int64_t batch_rows, int64_t context, bool greedy_only) {
     nn::PagedBatch batch;
     batch.cache = cache.get();
     batch.slots = step_inputs.select(0, kSlots).narrow(0, 0, batch_rows);
@@ -360,15 +372,18 @@ struct Engine::Impl {
     ctx.positions = step_inputs.select(0, kRopePositions).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
     const Tensor ids = step_inputs.select(0, kIds).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
     const Tensor logits = model.forward(ids, ctx).value();  // [rows, 1, V]
-    sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows), tokens.narrow(0, 0, batch_rows));
+    sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), tokens.narrow(0, 0, batch_rows));
   }
 
   bool decode_step() {
     int64_t highest_row = -1, longest = 0;
+    // The other rows of [0, rows) hold greedy params (start_decoding, finish): the decoding rows decide.
+    bool all_greedy = true;
     for (const auto& s : running) {
       if (s->next_token < 0) continue;  // still prefilling
       highest_row = std::max(highest_row, s->row);
       longest = std::max(longest, s->cached + 1);
+      all_greedy = all_greedy && s->request.sampling.temperature == 0;
     }
     if (highest_row < 0) return false;
     int64_t batch_rows = options.max_batch;
@@ -398,10 +413,11 @@ struct Engine::Impl {
     }
     step_inputs.copy_(Tensor::from_blob(host.data(), {kStepRows, options.max_batch}, DType::i32));
     if (stream && options.cuda_graphs) {
-      auto [it, fresh] = graphs.try_emplace({batch_rows, context});
+      auto [it, fresh] = graphs.try_emplace({batch_rows, context, all_greedy});
       if (fresh) {
         try {
-          it->second = cuda::Graph::capture(*stream, graph_pool, [&] { decode_forward(batch_rows, context); });
+          it->second = cuda::Graph::capture(*stream, graph_pool,
+                                            [&] { decode_forward(batch_rows, context, all_greedy); });
         } catch (...) {
           graphs.erase(it);
           throw;
@@ -413,7 +429,7 @@ struct Engine::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.graph_replays;
     } else {
-      decode_forward(batch_rows, context);
+      decode_forward(batch_rows, context, all_greedy);
     }
     const std::vector<int32_t> chosen = tokens.narrow(0, 0, batch_rows).to_vector<int32_t>();
     std::vector<Sequence*> decoding;
@@ -423,6 +439,7 @@ struct Engine::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.decode_steps;
+      if (all_greedy) ++counters.greedy_decode_steps;
       counters.decoded_sequences += decoding.size();
     }
     for (Sequence* s : decoding) {

@@ -22,7 +22,8 @@ namespace {
 
 // The sampler state of a call, on the model's device: one row per sequence, sequence b seeded seed + b, counts
 // from the prompts only when a penalty is on. Built once; each step then samples on the device and only the
-// B chosen ids come back to the host.
+// B chosen ids come back to the host. Every row shares the params, so a greedy call is greedy_only
+// (make_sampler_rows sets it): two kernels per step on CUDA instead of the sort's dozen.
 class DeviceSampler {
  public:
   DeviceSampler(const SamplingParams& params, const std::vector<std::vector<int32_t>>& prompts, int64_t vocab,

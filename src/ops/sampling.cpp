@@ -48,7 +48,7 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
   check_state(out, "out", DType::i32, {batch}, logits);
   no_broadcast(out, "out");
   if (batch == 0) return;
-  backend_for(logits.device()).sample_tokens(logits, rows.params, rows.rng, rows.counts, out);
+  backend_for(logits.device()).sample_tokens(logits, rows.params, rows.rng, rows.counts, rows.greedy_only, out);
 }
 
 Tensor sample_tokens(const Tensor& logits, const SamplerRows& rows) {
@@ -76,6 +76,9 @@ SamplerRows make_sampler_rows(const std::vector<float>& params, const std::vecto
   }
   SamplerRows rows;
   rows.params = Tensor::from_vector(params, {batch, sampling::kParamCount}, device);
+  rows.greedy_only = true;
+  for (int64_t b = 0; b < batch; ++b)
+    rows.greedy_only = rows.greedy_only && sampling::row_params(params.data() + b * sampling::kParamCount, 1).greedy();
   rows.rng = Tensor::from_vector(rng, {batch, 2}, device);
   if (!histories.empty()) {
     std::vector<int32_t> counts(static_cast<size_t>(batch * vocab), 0);

@@ -125,6 +125,39 @@ TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
   }
 }
 
+// Steps whose decoding rows are all greedy sample with SamplerRows::greedy_only (their own CUDA graphs); the
+// rest take the general path. Two rows for four requests: sampled and greedy sequences share steps, take each
+// other's rows, greedy ones decode while a sampled one still prefills and after one finished below them. A row
+// holding a sampled request's params in an all-greedy step would throw (the CPU kernel checks the promise, the CUDA one reports it).
+TEST_P(EngineTest, MixedGreedyAndSampledRequestsEqualEachRequestAlone) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SamplingParams sampled;
+  sampled.temperature = 0.9;
+  sampled.top_k = 20;
+  sampled.seed = seed_;
+  SamplingParams penalized_greedy = greedy();
+  penalized_greedy.repetition_penalty = 1.4;
+  penalized_greedy.frequency_penalty = 0.3;
+  // Request 3 ends well before request 2: its row then idles below a greedy one, still in the sampled range.
+  const std::vector<EngineRequest> requests{request(prompt(3), 16), request(prompt(20), 5, sampled),
+                                            request(prompt(2), 24, penalized_greedy), request(prompt(9), 2, sampled)};
+  EngineOptions options;
+  options.max_batch = 2;
+  options.block_size = 4;
+  options.prefill_chunk = 4;  // the 20-token prompt prefills over several steps while request 0 decodes
+  Engine engine(*model_, options);
+  const auto results = run(engine, requests);
+  ASSERT_EQ(results.size(), requests.size());
+  size_t i = 0;
+  for (const auto& [id, g] : results) {
+    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
+    ++i;
+  }
+  const EngineStats stats = engine.stats();
+  EXPECT_GT(stats.greedy_decode_steps, 0u) << "no step took the greedy-only path";
+  EXPECT_LT(stats.greedy_decode_steps, stats.decode_steps) << "no step took the general path";
+}
+
 TEST_P(EngineTest, LateArrivalsJoinRunningDecodesWithoutChangingThem) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   EngineOptions options;

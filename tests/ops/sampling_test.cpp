@@ -1,14 +1,17 @@
 // sample_tokens: the CPU kernel against generate::Sampler row by row (one reference: sampling_math.h), the
 // state it advances, strided and narrowed views, a chi-square check of the draws against the softmax, the
 // truncations never returning an excluded id, CUDA against the CPU (identical ids, no host transfer), and
-// the argument checks.
+// the argument checks; SamplerRows::greedy_only (the promise checked on both devices, penalties still applied)
+// and argmax ties across the CUDA kernels' vocabulary chunks.
 #include "microllm/ops/sampling.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "backend/sampling_math.h"
@@ -292,16 +295,108 @@ TEST(Sampling, BadArgumentsNameTheOpAndTheTensor) {
   expect(message(logits, good, Tensor::empty({1}, DType::i32).expand({batch})), "out");
 }
 
+// ---- greedy_only ----
+
+std::vector<float> params_of(const std::vector<SamplingParams>& rows) {
+  std::vector<float> params;
+  for (const SamplingParams& p : rows) {
+    const std::vector<float> row = p.row();
+    params.insert(params.end(), row.begin(), row.end());
+  }
+  return params;
+}
+
+// The batch with every row made greedy (temperature 0), its penalties kept.
+Batch greedy_batch(Batch batch) {
+  for (SamplingParams& p : batch.params) p.temperature = 0;
+  return batch;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "no ValueError";
+}
+
+TEST(Sampling, MakeSamplerRowsPromisesGreedyOnlyWhenEveryRowIsGreedy) {
+  const int64_t vocab = 50;
+  Generator gen(testing::fresh_seed());
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t batch = 1 + static_cast<int64_t>(gen.next_below(9));
+    std::vector<SamplingParams> rows(static_cast<size_t>(batch), SamplingParams{.temperature = 0});
+    rows[gen.next_below(static_cast<uint64_t>(batch))].repetition_penalty = 1.2;  // penalties keep it greedy
+    EXPECT_TRUE(make_sampler_rows(params_of(rows), std::vector<int64_t>(batch, 1), vocab, {}, Device::cpu()).greedy_only);
+    rows[gen.next_below(static_cast<uint64_t>(batch))].temperature = 0.01 + gen.next_uniform();
+    EXPECT_FALSE(make_sampler_rows(params_of(rows), std::vector<int64_t>(batch, 1), vocab, {}, Device::cpu()).greedy_only);
+  }
+}
+
+TEST(Sampling, GreedyOnlyEqualsTheSamplerWithPenalties) {
+  const int64_t batch = 18, vocab = 700, steps = 4;
+  const Batch setup = greedy_batch(random_batch(batch, vocab, testing::fresh_seed()));
+  SamplerRows rows = rows_of(setup, vocab, Device::cpu());
+  rows.greedy_only = true;
+  std::vector<Sampler> samplers = samplers_of(setup);
+  std::vector<std::vector<int32_t>> histories = setup.histories;
+  // The same logits every step: a penalized row's choice is then penalized in the next step and moves.
+  const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -1, 1);
+  std::vector<std::vector<int32_t>> chosen;
+  for (int64_t step = 0; step < steps; ++step) {
+    const std::vector<int32_t> got = sample_tokens(logits, rows).to_vector<int32_t>();
+    EXPECT_EQ(got, sampler_ids(logits, samplers, histories)) << "step " << step;
+    chosen.push_back(got);
+  }
+  bool moved = false;
+  for (int64_t b = 0; b < batch; ++b) moved = moved || chosen[0][static_cast<size_t>(b)] != chosen[1][static_cast<size_t>(b)];
+  EXPECT_TRUE(moved) << "no penalized row changed its choice: the penalties did nothing";
+}
+
+TEST(Sampling, GreedyOnlyWithASampledRowThrowsAndChangesNothing) {
+  const int64_t batch = 5, vocab = 300;
+  Generator gen(testing::fresh_seed());
+  const auto bad = static_cast<int64_t>(gen.next_below(batch));
+  Batch setup = greedy_batch(random_batch(batch, vocab, gen.next_u64()));
+  setup.params[static_cast<size_t>(bad)].temperature = 0.7;
+  SamplerRows rows = rows_of(setup, vocab, Device::cpu());
+  rows.greedy_only = true;
+  const std::vector<int64_t> rng = rows.rng.to_vector<int64_t>();
+  const std::vector<int32_t> counts = rows.counts.to_vector<int32_t>();
+  const Tensor logits = testing::random_tensor({batch, vocab}, DType::bf16, Device::cpu(), -4, 4);
+  const Tensor out = Tensor::full({batch}, -1, DType::i32);
+  const std::string message = error_of([&] { sample_tokens(logits, rows, out); });
+  EXPECT_NE(message.find("sample_tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("greedy_only"), std::string::npos) << message;
+  EXPECT_NE(message.find("row " + std::to_string(bad)), std::string::npos) << message;
+  EXPECT_EQ(rows.rng.to_vector<int64_t>(), rng);
+  EXPECT_EQ(rows.counts.to_vector<int32_t>(), counts);
+  EXPECT_EQ(out.to_vector<int32_t>(), std::vector<int32_t>(batch, -1));
+  rows.greedy_only = false;  // no promise: the same rows sample
+  EXPECT_NO_THROW(sample_tokens(logits, rows, out));
+}
+
 // ---- CUDA against the CPU ----
 
-// Runs `steps` calls on the CPU and on cuda:0 from the same state and logits; ids and state must be identical.
-void expect_cuda_equals_cpu(int64_t batch, int64_t vocab, DType dtype, int steps, bool strided) {
-  SCOPED_TRACE(std::string(dtype_name(dtype)) + " batch " + std::to_string(batch) + " vocab " + std::to_string(vocab));
-  const Batch setup = random_batch(batch, vocab, testing::fresh_seed());
+SamplerRows on_cuda(const SamplerRows& r) {
+  return SamplerRows{r.params.to(Device::cuda(0)), r.rng.to(Device::cuda(0)),
+                     r.counts.defined() ? r.counts.to(Device::cuda(0)) : Tensor(), r.greedy_only};
+}
+
+// Runs `steps` calls on the CPU and on cuda:0 from the same state and logits (uniform in [low, 8)); ids and
+// state must be identical. greedy_only: every row made greedy (penalties kept) and the promise made.
+void expect_cuda_equals_cpu(int64_t batch, int64_t vocab, DType dtype, int steps, bool strided,
+                            bool greedy_only = false, double low = -8) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " batch " + std::to_string(batch) + " vocab " + std::to_string(vocab) +
+               (greedy_only ? " greedy_only" : ""));
+  Batch setup = random_batch(batch, vocab, testing::fresh_seed());
+  if (greedy_only) setup = greedy_batch(setup);
   SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
-  SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  cpu.greedy_only = greedy_only;
+  SamplerRows gpu = on_cuda(cpu);
   for (int step = 0; step < steps; ++step) {
-    Tensor logits = testing::random_tensor({batch, strided ? 3 : 1, vocab}, dtype, Device::cpu(), -8, 8).select(1, 0);
+    Tensor logits = testing::random_tensor({batch, strided ? 3 : 1, vocab}, dtype, Device::cpu(), low, 8).select(1, 0);
     const Tensor gpu_logits = strided ? logits.to(Device::cuda(0)) : logits.contiguous().to(Device::cuda(0));
     const Tensor gpu_out = Tensor::empty({batch}, DType::i32, Device::cuda(0));
     const std::vector<int32_t> expected = sample_tokens(logits, cpu).to_vector<int32_t>();
@@ -333,6 +428,140 @@ TEST_F(SamplingCudaTest, EqualsTheCpuOnEveryDtype) {
 TEST_F(SamplingCudaTest, EqualsTheCpuAtQwenVocabularyAndBatch32) {
   expect_cuda_equals_cpu(1, 151936, DType::bf16, 3, /*strided=*/true);
   expect_cuda_equals_cpu(32, 151936, DType::f32, 2, /*strided=*/false);
+}
+
+// Ids where a row's maximum sits. The kernels cut the vocabulary into chunks of a multiple of 256 logits, so
+// m * 256 - 1 and m * 256 straddle a possible chunk boundary; every kind puts the first maximum somewhere else.
+std::vector<int64_t> tie_ids(int64_t kind, int64_t vocab, Generator& gen) {
+  const int64_t boundaries = (vocab - 1) / 256;  // m * 256 <= vocab - 1 for m in [1, boundaries]
+  const int64_t m = boundaries > 0 ? 1 + static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(boundaries))) : 0;
+  std::vector<int64_t> ids;
+  switch (kind % 6) {
+    case 0: ids = m > 0 ? std::vector<int64_t>{m * 256 - 1, m * 256} : std::vector<int64_t>{0, vocab - 1}; break;
+    case 1: ids = {m * 256, vocab - 1}; break;  // m = 0: the first and the last id
+    case 2: ids = {vocab - 1}; break;           // the last id alone
+    case 3: ids = {0, vocab - 1}; break;
+    case 4:  // the last id of every 256-block and the vocabulary's last
+      for (int64_t v = 255; v < vocab; v += 256) ids.push_back(v);
+      ids.push_back(vocab - 1);
+      break;
+    default:  // the first id of every 256-block but the first, and the vocabulary's last
+      for (int64_t v = 256; v < vocab; v += 256) ids.push_back(v);
+      ids.push_back(vocab - 1);
+      break;
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+TEST_F(SamplingCudaTest, ArgmaxTiesAcrossChunksGoToTheLowestId) {
+  Generator gen(testing::fresh_seed());
+  for (const auto& [batch, vocab] : {std::pair<int64_t, int64_t>{1, 151936}, {8, 151936}, {32, 151936}, {7, 4097},
+                                     {3, 1000}, {2, 256}}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (const bool greedy_only : {true, false}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " batch " + std::to_string(batch) + " vocab " +
+                     std::to_string(vocab) + (greedy_only ? " greedy_only" : ""));
+        // The maximum 9 at the tied ids, everything else in [-8, 8): exact in bf16 too, and nothing else ties.
+        std::vector<float> values = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -8, 8,
+                                                           gen.next_u64()).to_vector<float>();
+        std::vector<SamplingParams> params;
+        std::vector<int32_t> first;  // the lowest tied id of each row
+        const auto kind_offset = static_cast<int64_t>(gen.next_below(6));
+        for (int64_t b = 0; b < batch; ++b) {
+          const std::vector<int64_t> ties = tie_ids(b + kind_offset, vocab, gen);
+          for (int64_t id : ties) values[static_cast<size_t>(b * vocab + id)] = 9.0f;
+          first.push_back(static_cast<int32_t>(ties.front()));
+          // Without the promise every other row (a lone row too) samples at T = 0.3: every tied id weighs the
+          // most there.
+          const bool sampled = !greedy_only && (b % 2 == 1 || batch == 1);
+          params.push_back({.temperature = sampled ? 0.3 : 0.0});
+        }
+        const Tensor logits = Tensor::from_vector(values, {batch, vocab}).to(dtype);
+        std::vector<int64_t> seeds;
+        for (int64_t b = 0; b < batch; ++b) seeds.push_back(static_cast<int64_t>(gen.next_u64() >> 1));
+        SamplerRows cpu = make_sampler_rows(params_of(params), seeds, vocab, {}, Device::cpu());
+        cpu.greedy_only = greedy_only;
+        SamplerRows gpu = on_cuda(cpu);
+        const std::vector<int32_t> expected = sample_tokens(logits, cpu).to_vector<int32_t>();
+        const std::vector<int32_t> got = sample_tokens(logits.to(Device::cuda(0)), gpu).to_vector<int32_t>();
+        EXPECT_EQ(got, expected);
+        for (int64_t b = 0; b < batch; ++b) {
+          if (params[static_cast<size_t>(b)].temperature == 0) {
+            EXPECT_EQ(got[static_cast<size_t>(b)], first[static_cast<size_t>(b)]) << "row " << b;
+          }
+        }
+        EXPECT_EQ(gpu.rng.to_vector<int64_t>(), cpu.rng.to_vector<int64_t>());
+      }
+    }
+  }
+}
+
+TEST_F(SamplingCudaTest, VocabulariesThatAreNoMultipleOfTheChunk) {
+  for (const auto& [batch, vocab] : {std::pair<int64_t, int64_t>{1, 1}, {3, 255}, {2, 257}, {5, 1025}, {4, 4097},
+                                     {9, 70001}, {32, 151936}, {8, 151937}, {1, 151935}}) {
+    for (const bool greedy_only : {false, true})
+      expect_cuda_equals_cpu(batch, vocab, DType::bf16, 2, /*strided=*/false, greedy_only);
+  }
+}
+
+TEST_F(SamplingCudaTest, GreedyOnlyAppliesPenaltiesAndCountsLikeTheCpu) {
+  for (const auto& [batch, vocab] : {std::pair<int64_t, int64_t>{32, 151936}, {9, 3000}}) {  // rows 5-7 penalized
+    SCOPED_TRACE("batch " + std::to_string(batch) + " vocab " + std::to_string(vocab));
+    const Batch setup = greedy_batch(random_batch(batch, vocab, testing::fresh_seed()));
+    SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
+    cpu.greedy_only = true;
+    SamplerRows fast = on_cuda(cpu), general = on_cuda(cpu);
+    general.greedy_only = false;
+    // The same logits every step: a penalized row's last choice is penalized in the next step and moves.
+    const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -1, 1);
+    const Tensor gpu_logits = logits.to(Device::cuda(0));
+    std::vector<std::vector<int32_t>> chosen;
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<int32_t> expected = sample_tokens(logits, cpu).to_vector<int32_t>();
+      EXPECT_EQ(sample_tokens(gpu_logits, fast).to_vector<int32_t>(), expected) << "greedy_only, step " << step;
+      EXPECT_EQ(sample_tokens(gpu_logits, general).to_vector<int32_t>(), expected) << "general, step " << step;
+      chosen.push_back(expected);
+    }
+    EXPECT_NE(chosen[0], chosen[1]) << "no penalized row changed its choice: the penalties did nothing";
+    for (const SamplerRows* gpu : {&fast, &general}) {
+      EXPECT_EQ(gpu->rng.to_vector<int64_t>(), cpu.rng.to_vector<int64_t>());
+      EXPECT_EQ(gpu->counts.to_vector<int32_t>(), cpu.counts.to_vector<int32_t>());
+    }
+  }
+}
+
+TEST_F(SamplingCudaTest, GreedyOnlyWithASampledRowIsAnErrorAtTheNextSynchronization) {
+  const int64_t batch = 6, vocab = 5000;
+  Generator gen(testing::fresh_seed());
+  const auto bad = static_cast<int64_t>(gen.next_below(batch));
+  Batch setup = greedy_batch(random_batch(batch, vocab, gen.next_u64()));
+  setup.params[static_cast<size_t>(bad)].temperature = 0.7;
+  SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
+  cpu.greedy_only = true;
+  const SamplerRows gpu = on_cuda(cpu);
+  const Tensor logits = testing::random_tensor({batch, vocab}, DType::bf16, Device::cpu(), -4, 4);
+  const Tensor out = Tensor::full({batch}, -1, DType::i32, Device::cuda(0));
+  cuda::synchronize(0);
+  sample_tokens(logits.to(Device::cuda(0)), gpu, out);  // no host wait: the call itself cannot know
+  const std::string message = error_of([] { cuda::synchronize(0); });
+  EXPECT_NE(message.find("sample_tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("greedy_only"), std::string::npos) << message;
+  EXPECT_NE(message.find("row: " + std::to_string(bad)), std::string::npos) << message;
+  EXPECT_NO_THROW(cuda::synchronize(0)) << "the report is cleared once raised";
+  // Every row, the bad one included, got its greedy id (in range, nothing else reported over the error).
+  Batch all_greedy = setup;
+  all_greedy.params[static_cast<size_t>(bad)].temperature = 0;
+  EXPECT_EQ(out.to_vector<int32_t>(), sample_tokens(logits, rows_of(all_greedy, vocab, Device::cpu())).to_vector<int32_t>());
+}
+
+TEST_F(SamplingCudaTest, MixedGreedyAndSampledRowsEqualTheCpu) {
+  // Flat logits (every token a candidate) and peaky ones (a few thousand candidates, like a real model's).
+  for (const double low : {-8.0, -300.0}) {
+    expect_cuda_equals_cpu(32, 151936, DType::bf16, 2, /*strided=*/false, /*greedy_only=*/false, low);
+    expect_cuda_equals_cpu(13, 20000, DType::f16, 3, /*strided=*/true, /*greedy_only=*/false, low);
+  }
 }
 
 TEST_F(SamplingCudaTest, NarrowedStateOnTheDevice) {

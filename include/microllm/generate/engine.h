@@ -54,6 +54,7 @@ struct EngineStats {
   int64_t waiting = 0, prefilling = 0, decoding = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, block_size = 0;
   uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;
+  uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
   uint64_t decoded_sequences = 0;  // summed over decode steps: / decode_steps is the mean decode batch
   uint64_t prompt_tokens = 0, generated_tokens = 0;
 };

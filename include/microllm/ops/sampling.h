@@ -28,6 +28,14 @@ struct SamplerRows {
   // i32 [B, V]: how often each id occurred in the prompt and the generated tokens (the penalties), or
   // undefined: no penalties for any row. Every call adds 1 at the chosen id of each row.
   Tensor counts;
+  // A host-side promise that every row of params has temperature 0 (greedy; penalties still apply and counts
+  // are still updated). It lets the CUDA kernels skip the candidate pass, the sort and the choice: two launches
+  // instead of about fourteen. make_sampler_rows sets it when every row it builds is greedy; whoever rewrites
+  // params afterwards (the engine, per step) keeps it true only while the promise holds. A row that breaks it
+  // is an error, never a silently greedy answer: the CPU throws ValueError before touching any state, CUDA
+  // reports the row through the device error word and the next synchronization throws naming sample_tokens.
+  // false: no promise (greedy rows are still exact, through the general path).
+  bool greedy_only = false;
 };
 
 // logits [B, V] (f32, bf16 or f16; any strides, e.g. a select() of [B, T, V]); out i32 [B] receives the ids.
@@ -36,7 +44,8 @@ Tensor sample_tokens(const Tensor& logits, const SamplerRows& rows);  // a new i
 
 // A SamplerRows on `device` for `seeds.size()` rows of a `vocab`-token vocabulary: params from the host values
 // (f32 [B, 8] row-major, as above), rng (seeds[b], 0), and counts from `histories` (one list of ids per row,
-// each id counted once per occurrence), or undefined when `histories` is empty.
+// each id counted once per occurrence), or undefined when `histories` is empty; greedy_only when every row has
+// temperature 0.
 SamplerRows make_sampler_rows(const std::vector<float>& params, const std::vector<int64_t>& seeds, int64_t vocab,
                               const std::vector<std::vector<int32_t>>& histories, Device device);
 

@@ -1,5 +1,7 @@
 // The CPU sampling kernel: each row through sampling::sample_row, the reference that the host Sampler uses
 // too, then the row's state updated (offset + 1, counts + 1 at the chosen id). Rows run in parallel.
+// greedy_only changes nothing in the math (a greedy row is the first candidate either way); it is checked, so
+// that a caller's wrong promise fails here as it would on CUDA instead of passing on the CPU only.
 #include <vector>
 
 #include "../sampling_math.h"
@@ -9,7 +11,15 @@
 namespace microllm {
 
 void CpuBackend::sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
-                               const Tensor& out) {
+                               bool greedy_only, const Tensor& out) {
+  if (greedy_only) {  // every row checked before any state changes: a failed call leaves the rows as they were
+    const auto* param = static_cast<const float*>(params.data_ptr());
+    for (int64_t b = 0; b < logits.size(0); ++b) {
+      const sampling::RowParams p = sampling::row_params(param + b * params.stride(0), params.stride(1));
+      MICROLLM_CHECK(p.greedy(), ValueError, "sample_tokens", "SamplerRows::greedy_only promised greedy rows, but row ",
+                     b, " has temperature ", p.temperature);
+    }
+  }
   cpu::visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
     const T* src = static_cast<const T*>(logits.data_ptr());
     const auto* param = static_cast<const float*>(params.data_ptr());

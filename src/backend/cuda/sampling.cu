@@ -1,15 +1,25 @@
-// CUDA sampling: the rule of ../sampling_math.h on the device, in three launches per call and no host wait.
-//   1. prepare (a block per row): the penalized logits and their first maximum; a greedy row ends here (id,
-//      counts, offset). A sampled row writes the keys (sampling::rank_key) of its candidates that weigh
-//      anything to its segment of a [B, V] u64 workspace, in any order (keys are unique), and the segment's end.
-//   2. cub::DeviceSegmentedRadixSort sorts every segment (a greedy row's is empty). In a real model's logits at
+// CUDA sampling: the rule of ../sampling_math.h on the device, with no host wait.
+//   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the penalized logits. One
+//      block per row scanning 152k logits took 68 us on an H200 (148 dependent loads per thread); a grid of
+//      (rows x chunks) sized to fill the GPU reads the vocabulary once, in parallel.
+//   2. prepare (a block per row and chunk): the row's first maximum from its chunks' partials; a greedy row
+//      ends here (id, counts, offset). For a sampled row each block appends the keys (sampling::rank_key) of
+//      its chunk's candidates that weigh anything to the row's segment of a [B, V] u64 workspace, in any order
+//      (keys are unique), advancing the segment's end with global atomics.
+//   3. cub::DeviceSegmentedRadixSort sorts every segment (a greedy row's is empty). In a real model's logits at
 //      T <= 1 few tokens weigh anything (those within ~21 nats of the maximum), so segments are short.
-//   3. choose (a block per sampled row): block-wide sums and scans of the exact integer weights over the sorted
+//   4. choose (a block per sampled row): block-wide sums and scans of the exact integer weights over the sorted
 //      keys: the top-k total, the min-p cut, the top-p cut, then the draw. The integers are the ones the CPU
 //      loop adds, so the id is the CPU's; then id, counts and offset are written.
+// With SamplerRows::greedy_only the call is steps 1 and 2 alone, step 2 one block per row: the sort alone is
+// 11 launches of ~2 us even when every segment is empty.
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include <algorithm>
+
+#include "../../core/cuda/device_errors.h"
 #include "../sampling_math.h"
+#include "attention_kernels.h"
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
@@ -19,8 +29,16 @@ namespace cuda_kernels {
 namespace {
 
 using namespace sampling;
+using detail::DeviceErrorCode;
+using detail::report_device_error;
 
-constexpr int kBlock = 1024;
+constexpr int kBlock = 1024;         // the choose kernel: a block per row
+constexpr int kChunkThreads = 256;   // the max and prepare kernels: a block per (row, chunk)
+constexpr int kLoads = 4;            // logits a thread of those loads before using any
+// Chunks of the vocabulary: enough blocks over the batch to fill the GPU twice over, but no chunk under
+// kMinChunk logits (one round of kLoads loads per thread) or, while the chunk count allows, over kMaxChunk;
+// at most kMaxChunks per row, because every block of step 2 reads all of its row's partials.
+constexpr int64_t kMinChunk = kChunkThreads * kLoads, kMaxChunk = 4096, kMaxChunks = 1024;
 constexpr uint64_t kNone = UINT64_MAX;
 
 // Where the rows live: element strides of every tensor (narrowed or selected views work as they are).
@@ -113,54 +131,113 @@ __device__ int64_t first_passing(int64_t limit, const Weight& weight_at, const P
   return -1;
 }
 
+// The row's logits as the kernels read them: penalized, NaN as -inf (sampling::penalized).
 template <typename T>
-__global__ void __launch_bounds__(kBlock)
-    sample_prepare_kernel(Rows rows, uint64_t* keys, int* segment_begin, int* segment_end) {
+struct RowLogits {
+  const T* logits;
+  int64_t stride;
+  const int32_t* counts;  // nullptr: the row has no penalties
+  int64_t counts_stride;
+  RowParams p;
+
+  __device__ RowLogits(const Rows& rows, int64_t b)
+      : logits(static_cast<const T*>(rows.logits) + b * rows.logits_row),
+        stride(rows.logits_col),
+        counts(nullptr),
+        counts_stride(rows.counts_col),
+        p(params_of(rows, b)) {
+    if (rows.counts != nullptr && p.penalized()) counts = rows.counts + b * rows.counts_row;
+  }
+  // Ids v, v + kChunkThreads, ... (kLoads of them, those < end) loaded before any is used, so that a thread
+  // has kLoads loads in flight instead of one dependent load per step.
+  __device__ __forceinline__ void load(int64_t v, int64_t end, float (&x)[kLoads]) const {
+    int32_t seen[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int64_t id = v + i * kChunkThreads;
+      x[i] = id < end ? to_acc(logits[id * stride]) : 0.0f;
+      seen[i] = id < end && counts != nullptr ? counts[id * counts_stride] : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) x[i] = penalized(x[i], seen[i], p);
+  }
+};
+
+// Step 1, grid (B rows, C chunks): the minimum rank_key of the penalized logits of chunk c of row b, i.e. the
+// chunk's first maximum, to partial[b * C + c]. The minimum of a row's partials is then the row's first
+// maximum, exactly: keys are unique and totally ordered, so ties across chunk boundaries still go to the
+// lowest id. Block (b, 0) also resets row b's segment [b * V, b * V) that step 2 appends to (nullptr when
+// greedy_only: there are no segments), so a replayed graph needs no memset node.
+template <typename T>
+__global__ void __launch_bounds__(kChunkThreads)
+    sample_max_kernel(Rows rows, int64_t chunk, uint64_t* partial, int* segment_begin, int* segment_end) {
   __shared__ uint64_t scratch[32];
-  __shared__ unsigned long long written;
-  const int64_t b = blockIdx.x;
-  const RowParams p = params_of(rows, b);
-  const T* logits = static_cast<const T*>(rows.logits) + b * rows.logits_row;
-  const int32_t* counts = rows.counts != nullptr && p.penalized() ? rows.counts + b * rows.counts_row : nullptr;
-  auto logit = [&](int64_t v) {
-    return penalized(to_acc(logits[v * rows.logits_col]), counts != nullptr ? counts[v * rows.counts_col] : 0, p);
-  };
+  const int64_t b = blockIdx.x, c = blockIdx.y;
+  if (c == 0 && threadIdx.x == 0 && segment_begin != nullptr) {
+    segment_begin[b] = static_cast<int>(b * rows.vocab);
+    segment_end[b] = static_cast<int>(b * rows.vocab);
+  }
+  const RowLogits<T> row(rows, b);
+  const int64_t begin = c * chunk, end = min(begin + chunk, rows.vocab);
   uint64_t first = kNone;
-  for (int64_t v = threadIdx.x; v < rows.vocab; v += blockDim.x) first = min(first, rank_key(logit(v), v));
+  for (int64_t v = begin + threadIdx.x; v < end; v += kChunkThreads * kLoads) {
+    float x[kLoads];
+    row.load(v, end, x);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int64_t id = v + i * kChunkThreads;
+      if (id < end) first = min(first, rank_key(x[i], id));
+    }
+  }
   first = block_min(first, scratch);
-  const int64_t segment = b * rows.vocab;
-  if (p.greedy()) {
+  if (threadIdx.x == 0) partial[b * gridDim.y + c] = first;
+}
+
+// Step 2, grid (B rows, C chunks), or (B, 1) with kGreedyOnly: every block takes its row's first maximum from
+// the C partials. A greedy row ends here (block (b, 0): id, counts, offset). With kGreedyOnly a row that is
+// not greedy is reported through the device error word (and still gets the first maximum, an id in range,
+// so that later kernels report nothing else over it). Otherwise block (b, c) appends the keys of chunk c's
+// candidates that weigh anything to row b's segment of the [B, V] workspace, one global atomic per warp and
+// step on the segment's end; the order inside the segment varies from run to run, the sort fixes it.
+template <typename T, bool kGreedyOnly>
+__global__ void __launch_bounds__(kChunkThreads)
+    sample_prepare_kernel(Rows rows, int64_t chunk, const uint64_t* partial, int chunks, uint64_t* keys,
+                          int* segment_end, uint64_t* error_word) {
+  __shared__ uint64_t scratch[32];
+  const int64_t b = blockIdx.x, c = blockIdx.y;
+  const RowParams p = params_of(rows, b);
+  const bool greedy = kGreedyOnly || p.greedy();
+  if (greedy && c != 0) return;  // the whole block: p is the row's
+  uint64_t first = kNone;
+  for (int i = threadIdx.x; i < chunks; i += kChunkThreads) first = min(first, partial[b * chunks + i]);
+  first = block_min(first, scratch);
+  if (greedy) {
     if (threadIdx.x == 0) {
-      segment_begin[b] = static_cast<int>(segment);
-      segment_end[b] = static_cast<int>(segment);
+      if (kGreedyOnly && !p.greedy()) report_device_error(error_word, DeviceErrorCode::sample_not_greedy, b);
       finish_row(rows, b, key_id(first));
     }
     return;
   }
-  // The candidates that weigh anything, appended warp by warp (one shared atomic per warp and tile).
+  const RowLogits<T> row(rows, b);
   const float max = key_logit(first);
-  if (threadIdx.x == 0) written = 0;
-  __syncthreads();
   const int lane = threadIdx.x % 32;
-  for (int64_t base = 0; base < rows.vocab; base += blockDim.x) {
+  const int64_t begin = c * chunk, end = min(begin + chunk, rows.vocab);
+  // Every lane of a warp runs the same iterations (the bound does not depend on the lane): ballots are whole.
+  for (int64_t base = begin; base < end; base += kChunkThreads * kLoads) {
     const int64_t v = base + threadIdx.x;
-    float x = 0;
-    bool keep = false;
-    if (v < rows.vocab) {
-      x = logit(v);
-      keep = weight(x, max, p.temperature) > 0;
+    float x[kLoads];
+    row.load(v, end, x);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int64_t id = v + i * kChunkThreads;
+      const bool keep = id < end && weight(x[i], max, p.temperature) > 0;
+      const unsigned ballot = MICROLLM_BALLOT(keep);
+      if (ballot == 0) continue;  // the same for every lane of the warp
+      int at = 0;
+      if (lane == 0) at = atomicAdd(segment_end + b, __popc(ballot));
+      at = MICROLLM_SHFL(at, 0);
+      if (keep) keys[static_cast<int64_t>(at) + __popc(ballot & ((1u << lane) - 1u))] = rank_key(x[i], id);
     }
-    const unsigned ballot = MICROLLM_BALLOT(keep);
-    if (ballot == 0) continue;  // the same for every lane of the warp
-    unsigned long long at = 0;
-    if (lane == 0) at = atomicAdd(&written, static_cast<unsigned long long>(__popc(ballot)));
-    at = MICROLLM_SHFL(at, 0);
-    if (keep) keys[segment + static_cast<int64_t>(at) + __popc(ballot & ((1u << lane) - 1u))] = rank_key(x, v);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    segment_begin[b] = static_cast<int>(segment);
-    segment_end[b] = static_cast<int>(segment + static_cast<int64_t>(written));
   }
 }
 
@@ -205,8 +282,28 @@ __global__ void __launch_bounds__(kBlock)
 
 using namespace cuda_kernels;
 
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How the vocabulary is cut: chunk logits per block (a multiple of kChunkThreads), count chunks per row. From
+// host-known shapes and the SM count only, so a graph's launches stay right for every replay.
+struct Chunks {
+  int64_t size;
+  int64_t count;
+};
+Chunks choose_chunks(int64_t batch, int64_t vocab, int multiprocessors) {
+  const int64_t wanted = ceil_div(2 * static_cast<int64_t>(multiprocessors), batch);
+  int64_t count = std::clamp(wanted, ceil_div(vocab, kMaxChunk), ceil_div(vocab, kMinChunk));
+  count = std::min(count, kMaxChunks);
+  const int64_t size = ceil_div(ceil_div(vocab, count), kChunkThreads) * kChunkThreads;
+  return {size, ceil_div(vocab, size)};  // no empty chunk after the rounding up
+}
+
+}  // namespace
+
 void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
-                                const Tensor& out) {
+                                bool greedy_only, const Tensor& out) {
   OpScope scope("sample_tokens", device_, detail::current_cuda_stream(device_));
   const int64_t batch = logits.size(0), vocab = logits.size(1);
   MICROLLM_CHECK(batch * vocab <= INT32_MAX, NotSupportedError, "sample_tokens", "a batch of ", batch, " rows of ",
@@ -231,6 +328,23 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
   rows.out_stride = out.stride(0);
   rows.vocab = vocab;
 
+  const Chunks chunks = choose_chunks(batch, vocab, attention::multiprocessor_count(launch.device));
+  const Tensor partials = Tensor::empty({batch, chunks.count}, DType::i64, out.device());
+  auto* partial = static_cast<uint64_t*>(partials.data_ptr());
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(chunks.count));
+  const dim3 row_grid(static_cast<unsigned>(batch), 1);
+  uint64_t* error_word = detail::cuda_error_word(launch.device);
+  if (greedy_only) {
+    visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
+      sample_max_kernel<T><<<grid, kChunkThreads, 0, launch.stream>>>(rows, chunks.size, partial, nullptr, nullptr);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+      sample_prepare_kernel<T, true><<<row_grid, kChunkThreads, 0, launch.stream>>>(
+          rows, chunks.size, partial, static_cast<int>(chunks.count), nullptr, nullptr, error_word);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+
   // Workspace: the candidates' keys before and after the sort, and each row's segment [begin, end).
   const Tensor keys_in = Tensor::empty({batch, vocab}, DType::i64, out.device());
   const Tensor keys_out = Tensor::empty({batch, vocab}, DType::i64, out.device());
@@ -240,11 +354,13 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
   int* begin = static_cast<int*>(segments.data_ptr());
   int* end = begin + batch;
 
-  const auto grid = static_cast<unsigned>(batch);
   visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
-    sample_prepare_kernel<T><<<grid, kBlock, 0, launch.stream>>>(rows, unsorted, begin, end);
+    sample_max_kernel<T><<<grid, kChunkThreads, 0, launch.stream>>>(rows, chunks.size, partial, begin, end);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+    sample_prepare_kernel<T, false><<<grid, kChunkThreads, 0, launch.stream>>>(
+        rows, chunks.size, partial, static_cast<int>(chunks.count), unsorted, end, error_word);
+    MICROLLM_CUDA_CHECK_LAUNCH();
   });
-  MICROLLM_CUDA_CHECK_LAUNCH();
   const int items = static_cast<int>(batch * vocab), segment_count = static_cast<int>(batch);
   size_t temp_bytes = 0;
   MICROLLM_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(nullptr, temp_bytes, unsorted, sorted, items,
@@ -252,7 +368,7 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
   const Tensor temp = Tensor::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::u8, out.device());
   MICROLLM_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(temp.data_ptr(), temp_bytes, unsorted, sorted, items,
                                                               segment_count, begin, end, 0, 64, launch.stream));
-  sample_choose_kernel<<<grid, kBlock, 0, launch.stream>>>(rows, sorted, end);
+  sample_choose_kernel<<<dim3(static_cast<unsigned>(batch)), kBlock, 0, launch.stream>>>(rows, sorted, end);
   MICROLLM_CUDA_CHECK_LAUNCH();
 }
 

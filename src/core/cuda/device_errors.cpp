@@ -40,6 +40,7 @@ const char* op_of(DeviceErrorCode code) {
     case DeviceErrorCode::paged_block: return "paged_attention";
     case DeviceErrorCode::paged_sequence: return "paged_attention";
     case DeviceErrorCode::paged_position: return "paged_attention";
+    case DeviceErrorCode::sample_not_greedy: return "sample_tokens";
     default: return "cuda";
   }
 }
@@ -53,6 +54,9 @@ const char* what_of(DeviceErrorCode code) {
     case DeviceErrorCode::paged_block: return "a block id outside [0, num_blocks) (paged_attention or paged_gather)";
     case DeviceErrorCode::paged_sequence: return "a seq id outside the rows of block_tables";
     case DeviceErrorCode::paged_position: return "a position + 1 past max_context or the block table's capacity";
+    case DeviceErrorCode::sample_not_greedy:
+      return "a row with temperature > 0 in a call whose SamplerRows::greedy_only promised greedy rows (it got the "
+             "greedy id); row";
     default: return "bad data";
   }
 }
@@ -69,7 +73,10 @@ void check_cuda_device_errors(int device) {
   const auto code = static_cast<DeviceErrorCode>(report >> 56);
   int64_t value = static_cast<int64_t>(report & ((1ull << 56) - 1));
   if (value & (1ll << 55)) value -= (1ll << 56);  // sign-extend the 56-bit field
-  throw IndexError(op_of(code), str_cat("a CUDA kernel on cuda:", device, " met ", what_of(code), ": ", value));
+  const std::string message = str_cat("a CUDA kernel on cuda:", device, " met ", what_of(code), ": ", value);
+  // A broken caller promise is a bad value, not a bad index: the one code that is not an IndexError.
+  if (code == DeviceErrorCode::sample_not_greedy) throw ValueError(op_of(code), message);
+  throw IndexError(op_of(code), message);
 }
 
 }  // namespace microllm::detail

@@ -4,8 +4,8 @@
 //
 // Each device has one 64-bit word in mapped, pinned host memory. A kernel that meets bad data writes
 // (code << 56 | value) there with one aligned store; the host reads the word at every point where it
-// waits for the device anyway (a device-to-host copy, a synchronize) and throws IndexError naming the op
-// and the bad value. The first report wins; later ones may overwrite it, which only changes which bad
+// waits for the device anyway (a device-to-host copy, a synchronize) and throws IndexError (ValueError for
+// sample_not_greedy, a broken promise rather than a bad index) naming the op and the bad value. The first report wins; later ones may overwrite it, which only changes which bad
 // value the message names.
 #pragma once
 
@@ -24,11 +24,13 @@ enum class DeviceErrorCode : uint8_t {
   paged_block = 5,       // paged_attention / paged_gather: block id outside [0, num_blocks)
   paged_sequence = 6,    // paged_attention: seq id outside [0, rows of block_tables)
   paged_position = 7,    // paged_attention: position + 1 past max_context or the block table's capacity
+  sample_not_greedy = 8, // sample_tokens: greedy_only was promised but this row has temperature > 0
 };
 
 // Device-visible address of `device`'s error word (created on first use).
 uint64_t* cuda_error_word(int device);
-// Throws IndexError if a kernel on `device` reported since the last check, and clears the report.
+// Throws IndexError (ValueError for sample_not_greedy) if a kernel on `device` reported since the last check,
+// and clears the report.
 void check_cuda_device_errors(int device);
 
 #if defined(__CUDACC__)
