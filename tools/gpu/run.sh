@@ -15,6 +15,9 @@
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
+#   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64 workload) on Qwen2.5-0.5B and R1-1.5B with
+#                    every decode switch on, then MICROLLM_PDL=0, then MICROLLM_GEMV=0; cuda_ops_bench's
+#                    decode_linear (GEMV vs cuBLASLt, weights from DRAM) and decode_step rows
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
 #   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
 #                    when ncu exists, every kernel of a few B1 decode steps timed alone (NCU_KERNELS, NCU_BATCH)
@@ -172,6 +175,20 @@ step_rms_sweep() {
   done
 }
 
+step_decode_ab() {
+  local config switch
+  for config in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
+    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0; do
+      echo "== $config, $switch"
+      env $([ $switch = none ] || echo $switch) timeout 200 "$bin/microllm" bench \
+        --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -r 2 -p 0 -b 1,8 2>&1 |
+        tee "$RES/logs/decode_ab_${config}_${switch}.log" | grep -E "tg128|pp2048"
+    done
+  done
+  "$bin/cuda_ops_bench" --filter decode_ --reps 20 > "$RES/decode_ops.jsonl" 2>&1
+  echo "== cuda_ops_bench --filter decode_: exit $?"; cut -c1-230 "$RES/decode_ops.jsonl"
+}
+
 step_engine_bench() {
   local path
   for path in engine plain; do
@@ -255,6 +272,7 @@ for step in "${steps[@]}"; do
     rms-sweep) step_rms_sweep ;;
     engine-bench) step_engine_bench ;;
     engine-profile) step_engine_profile ;;
+    decode-ab) step_decode_ab ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;
     infer-serve) step_infer_serve ;;
