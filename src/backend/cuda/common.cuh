@@ -98,10 +98,14 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // A decode step is ~200 small dependent kernels; between two of them the GPU idles while the next one
 // launches and loads its prologue. A kernel launched with launch_chained may instead start while the kernel
 // before it on the stream is still running, so that gap overlaps the previous kernel's tail. Such a kernel
-// must call wait_for_prior_grids() before it touches global memory (it returns once the kernel before has
-// finished and its writes are visible; transitively, every earlier kernel too), and calls chain_next_grids()
-// to let the next chained kernel launch early. Both are no-ops before sm_90, in a HIP port, or when the
-// kernel was launched plainly. MICROLLM_PDL=0 makes launch_chained launch plainly (an A/B switch).
+// calls wait_for_prior_grids() before it reads anything a kernel may have written (it returns once the
+// kernel before has finished and its writes are visible; transitively, every earlier kernel too) and
+// chain_next_grids() to let the next chained kernel launch early. Both are no-ops before sm_90, in a HIP
+// port, or when the kernel was launched plainly.
+// Launches are chained only while the stream is being captured into a CUDA graph: the engine's decode
+// steps, where no kernel writes a weight, so a chained kernel may load its weights (RMSNorm's, a GEMV's)
+// before it waits. Outside a capture (training, prefill) every launch is plain and waits in stream order.
+// MICROLLM_PDL=0 makes every launch plain (an A/B switch).
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -128,7 +132,9 @@ void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sme
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = chained_launches(device) ? 1 : 0;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  config.numAttrs = capture == cudaStreamCaptureStatusActive && chained_launches(device) ? 1 : 0;
   MICROLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

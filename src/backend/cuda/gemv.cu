@@ -27,6 +27,13 @@
 //    (the launch shape depends only on shapes, so graphs replay it): the smallest power of two that gives
 //    16 warps per SM, but no more slices than k has steps of 8 chunks.
 // 4. Rounds once: out = round(acc + bias) in f32, like cuBLASLt's bias epilogue.
+// 5. Launches chained (common.cuh) in decode graphs: the first batch of weights streams in before the kernel
+//    waits for the one before it.
+//
+// Where it runs: weights up to kMaxGemvBytes. Measured on the H200 (cuda_ops_bench --filter decode_linear,
+// weights from DRAM, GEMV vs cuBLASLt): qkv and o of both models 1.19-1.61x, Qwen2.5-0.5B down (8.7 MB)
+// 1.17-1.22x, but gate_up 17.4 MB 0.77-0.82x, 55 MB 0.59-0.65x, R1-1.5B down (27.5 MB) 0.89-1.02x: past
+// ~16 MB cuBLASLt's tiles stream faster (about 2.5 TB/s against 2.1), and the head (272 MB) stays there too.
 //
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt, to A/B the two in one run.
 #include "gemv.h"
@@ -50,6 +57,7 @@ constexpr int kLoadsInFlight = 8;  // 16-byte weight loads each lane issues befo
 constexpr int kMaxSplit = 16;      // warps per row group
 constexpr int kMaxThreads = 32 * kMaxSplit;
 constexpr int kWarpsTarget = 16;   // warps per SM the split aims for: enough 4 KB load batches in flight
+constexpr int64_t kMaxGemvBytes = 16 << 20;  // larger weights go to cuBLASLt (measured: the header comment)
 
 // A weight load: read once, so no L1 line; the 256-byte L2 prefetch brings the lane's next chunks along.
 __device__ __forceinline__ uint4 load_streamed(const void* p) {
@@ -170,6 +178,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   if (x.dim() != 2 || w.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || w.dtype() != dtype) return false;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   if (m < 1 || m > kGemvMaxRows || k < 1 || k % 8 != 0 || w.size(1) != k || n < 1) return false;
+  if (n * k * static_cast<int64_t>(w.element_size()) > kMaxGemvBytes) return false;
   if (out.size(0) != m || out.size(1) != n || !out.is_contiguous() || n >= INT_MAX || k >= INT_MAX) return false;
   // 16-byte loads: unit inner strides, aligned base pointers, and row strides of whole 16-byte packs where a
   // second row is read.
