@@ -142,22 +142,22 @@ void model_ops(const Model& m) {
   }
 }
 
-// Milliseconds per call of fn as a decode step runs it: 50 calls captured in one CUDA graph on `stream` and
-// replayed, so the figure is the GPU's time per call without the host's launch cost (what the engine's
-// graphs pay).
-double graph_ms(const cuda::Stream& stream, uint64_t pool, const std::function<void()>& fn) {
-  constexpr int kCalls = 50, kReplays = 20;
+// Milliseconds per call of fn as a decode step runs it: `calls` calls captured in one CUDA graph on `stream`
+// and replayed, so the figure is the GPU's time per call without the host's launch cost (what the engine's
+// graphs pay). fn(i) makes call i.
+double graph_ms(const cuda::Stream& stream, uint64_t pool, const std::function<void(int)>& fn, int calls = 50) {
+  constexpr int kReplays = 20;
   cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
-    for (int i = 0; i < kCalls; ++i) fn();
+    for (int i = 0; i < calls; ++i) fn(i);
   });
-  graph.replay();
+  graph.replay();  // warm-up (plans, clocks)
   stream.synchronize();
   cuda::Event start(0), end(0);
   start.record(stream);
   for (int i = 0; i < kReplays; ++i) graph.replay();
   end.record(stream);
   end.synchronize();
-  return cuda::Event::elapsed_ms(start, end) / (kCalls * kReplays);
+  return cuda::Event::elapsed_ms(start, end) / (calls * kReplays);
 }
 
 // Each op of a batch-1 decode step, timed inside a CUDA graph (graph_ms). op "decode_step/<op>".
@@ -194,7 +194,7 @@ void decode_step_ops(const Model& m) {
   auto graph_timed = [&](const std::string& op, const std::string& shape, double bytes,
                          const std::function<void()>& fn) {
     if (!selected("decode_step/" + op, m.name)) return;
-    const double ms = graph_ms(stream, pool, fn);
+    const double ms = graph_ms(stream, pool, [&](int) { fn(); });
     std::printf("{\"op\": \"decode_step/%s\", \"model\": \"%s\", \"tokens\": 1, \"shape\": \"%s\", \"ms\": %.6f, "
                 "\"bytes\": %.0f, \"flops\": 0}\n",
                 op.c_str(), m.name, shape.c_str(), ms, bytes);
@@ -256,7 +256,6 @@ void decode_linear_ops(const Model& m) {
                                     {"gate_up", 2 * m.intermediate, m.hidden, false},
                                     {"down", m.hidden, m.intermediate, false}};
   constexpr double kColdBytes = 200e6;
-  constexpr int kReplays = 10;
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
   const bool was = decode_gemv();
@@ -277,17 +276,7 @@ void decode_linear_ops(const Model& m) {
       stream.synchronize();
       auto per_call_ms = [&](bool gemv) {
         set_decode_gemv(gemv);
-        cuda::Graph graph = cuda::Graph::capture(stream, pool, [&] {
-          for (const Tensor& w : weights) linear(x, w, bias);
-        });
-        graph.replay();  // warm-up (plans, clocks)
-        stream.synchronize();
-        cuda::Event start(0), end(0);
-        start.record(stream);
-        for (int i = 0; i < kReplays; ++i) graph.replay();
-        end.record(stream);
-        end.synchronize();
-        return cuda::Event::elapsed_ms(start, end) / (copies * kReplays);
+        return graph_ms(stream, pool, [&](int i) { linear(x, weights[static_cast<size_t>(i)], bias); }, copies);
       };
       const double lt_ms = per_call_ms(false), gemv_ms = per_call_ms(true);
       set_decode_gemv(was);
@@ -379,7 +368,7 @@ void sampling_graph_ops() {
         rows.greedy_only = greedy_only;
       }
       stream.synchronize();
-      const double ms = graph_ms(stream, pool, [&] { sample_tokens(logits, rows, out); });
+      const double ms = graph_ms(stream, pool, [&](int) { sample_tokens(logits, rows, out); });
       std::printf("{\"op\": \"%s\", \"model\": \"sampling\", \"tokens\": %lld, \"shape\": \"[%lld, %lld] bf16\", "
                   "\"ms\": %.6f, \"bytes\": %.0f, \"flops\": 0}\n",
                   op.c_str(), static_cast<long long>(batch), static_cast<long long>(batch),

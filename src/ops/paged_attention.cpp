@@ -70,6 +70,16 @@ int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, c
   return max_context > 0 ? max_context : capacity;
 }
 
+// A given output of paged_attention / paged_decode_attention: [N, Hq, D] like q, contiguous.
+void check_out(const char* op, const Tensor& q, const Tensor& out) {
+  checks::defined(op, out, "out");
+  checks::same_shape(op, q, "q", out, "out");
+  checks::same_dtype(op, q, "q", out, "out");
+  checks::same_device(op, q, "q", out, "out");
+  MICROLLM_CHECK(out.is_contiguous(), ShapeError, op, "out must be contiguous, got shape ", out.shape(),
+                 " with strides ", out.strides());
+}
+
 }  // namespace
 
 void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v, const Tensor& slots) {
@@ -106,12 +116,7 @@ void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool
                      const Tensor& out) {
   const char* op = "paged_attention";
   const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
-  checks::defined(op, out, "out");
-  checks::same_shape(op, q, "q", out, "out");
-  checks::same_dtype(op, q, "q", out, "out");
-  checks::same_device(op, q, "q", out, "out");
-  MICROLLM_CHECK(out.is_contiguous(), ShapeError, op, "out must be contiguous, got shape ", out.shape(),
-                 " with strides ", out.strides());
+  check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
@@ -138,12 +143,7 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_index(op, slots, "slots", 1, k_pool);
   MICROLLM_CHECK(slots.size(0) == q.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
                  q.size(0), " query tokens of q ", q.shape());
-  checks::defined(op, out, "out");
-  checks::same_shape(op, q, "q", out, "out");
-  checks::same_dtype(op, q, "q", out, "out");
-  checks::same_device(op, q, "q", out, "out");
-  MICROLLM_CHECK(out.is_contiguous(), ShapeError, op, "out must be contiguous, got shape ", out.shape(),
-                 " with strides ", out.strides());
+  check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   backend_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
