@@ -6,8 +6,6 @@
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
 // when a view has no unit stride along D. MICROLLM_CUDA_ATTENTION=reference in the environment forces the
 // reference path everywhere (for checking the fast paths against it).
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -33,17 +31,6 @@ Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& pa
   p.causal = params.causal;
   p.q_offset = params.q_offset;
   return p;
-}
-
-int multiprocessor_count(int device) {
-  static std::array<std::atomic<int>, 64> cached{};
-  std::atomic<int>& slot = cached[static_cast<size_t>(device) & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    MICROLLM_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
 }
 
 Tensor vector_ready(const Tensor& t) {

@@ -24,9 +24,6 @@ struct Problem {
 
 Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& params);
 
-// Multiprocessors of `device` (cached after the first call).
-int multiprocessor_count(int device);
-
 // ---- reference (attention_reference.cu): any dtype, layout, head dim and mask ----
 void reference_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                        const Tensor& out, const Tensor& lse, cudaStream_t stream);

@@ -119,6 +119,8 @@ __device__ __forceinline__ void chain_next_grids() {
 
 // Whether launches on `device` may be chained: compute capability 9.0 or later and MICROLLM_PDL not "0".
 bool chained_launches(int device);
+// Multiprocessors of `device` (read once; launch shapes ask on every call).
+int multiprocessor_count(int device);
 
 template <typename... Params, typename... Args>
 void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
@@ -133,8 +135,8 @@ void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sme
   config.stream = stream;
   config.attrs = &attribute;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  config.numAttrs = capture == cudaStreamCaptureStatusActive && chained_launches(device) ? 1 : 0;
+  if (chained_launches(device)) MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  config.numAttrs = capture == cudaStreamCaptureStatusActive ? 1 : 0;
   MICROLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

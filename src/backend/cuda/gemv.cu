@@ -38,8 +38,6 @@
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt, to A/B the two in one run.
 #include "gemv.h"
 
-#include <array>
-#include <atomic>
 #include <climits>
 
 #include "attention_mma.cuh"
@@ -136,18 +134,6 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-int multiprocessors(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> counts{};  // 0: not asked yet
-  MICROLLM_CHECK(device >= 0 && device < kMaxDevices, DeviceError, "matmul", "device index ", device, " out of range");
-  int sms = counts[static_cast<size_t>(device)].load(std::memory_order_relaxed);
-  if (sms == 0) {
-    MICROLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    counts[static_cast<size_t>(device)].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
-
 struct GemvLaunch {
   int split, threads, chunks_per_warp;
   unsigned blocks;
@@ -188,7 +174,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   if ((m > 1 && x.stride(0) % 8 != 0) || (n > 1 && w.stride(0) % 8 != 0)) return false;
   if (!decode_gemv()) return false;
 
-  const GemvLaunch l = plan_launch(n, k, multiprocessors(out.device().index));
+  const GemvLaunch l = plan_launch(n, k, multiprocessor_count(out.device().index));
   auto launch = [&]<typename T>() {
     launch_chained(decode_gemv_kernel<T>, l.blocks, l.threads, 0, stream, out.device().index,
                    static_cast<const T*>(x.data_ptr()), x.stride(0), static_cast<const T*>(w.data_ptr()), w.stride(0),

@@ -1,4 +1,5 @@
-// Host side of common.cuh's chained launches: whether a device may chain them.
+// Host side of common.cuh's launch helpers: device attributes read once per device, and whether a device
+// may chain launches.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -7,20 +8,34 @@
 #include "common.cuh"
 
 namespace microllm::cuda_kernels {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Attribute `attribute` of `device`, read on the first call (launch paths ask on every call).
+template <cudaDeviceAttr attribute>
+int cached_attribute(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> values{};  // 0: not read yet
+  MICROLLM_CHECK(device >= 0 && device < kMaxDevices, DeviceError, "cuda", "device index ", device, " out of range");
+  std::atomic<int>& slot = values[static_cast<size_t>(device)];
+  int value = slot.load(std::memory_order_relaxed);
+  if (value == 0) {
+    MICROLLM_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+    slot.store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+}  // namespace
+
+int multiprocessor_count(int device) { return cached_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
 bool chained_launches(int device) {
   static const bool allowed = [] {
     const char* env = std::getenv("MICROLLM_PDL");
     return env == nullptr || std::string(env) != "0";
   }();
-  static std::array<std::atomic<int>, 64> major{};  // compute capability major per device; 0: not read yet
-  std::atomic<int>& slot = major[static_cast<size_t>(device) & 63];
-  int cc = slot.load(std::memory_order_relaxed);
-  if (cc == 0) {
-    MICROLLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, device));
-    slot.store(cc, std::memory_order_relaxed);
-  }
-  return allowed && cc >= 9;
+  return allowed && cached_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 
 }  // namespace microllm::cuda_kernels

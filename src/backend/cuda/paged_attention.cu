@@ -33,9 +33,9 @@
 
 #include "../../core/cuda/device_errors.h"
 #include "../rope_math.h"
-#include "attention_kernels.h"
 #include "common.cuh"
 #include "decode_phases.cuh"
+#include "rope.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 
@@ -133,14 +133,14 @@ __device__ __forceinline__ int64_t key_offset(const PagedArgs& a, const int64_t 
   return block * stride[0] + static_cast<int64_t>(j % a.block_size) * stride[1] + hk * stride[2];
 }
 
-// Rotary pair (x1, x2) turned by the angle pos * inv_freq, each result rounded to T and back: rope.cu's
-// arithmetic exactly (products rounded on their own, never fused with the add).
+// Rotary pair (x1, x2) turned by the angle pos * inv_freq and rounded to T: rope.cu's arithmetic (rope.cuh).
 template <typename T>
 __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float inv_freq, T& y1, T& y2) {
-  float sn, cs;
-  sincosf(__fmul_rn(pos, inv_freq), &sn, &cs);
-  y1 = from_acc<T>(__fmul_rn(x1, cs) - __fmul_rn(x2, sn));
-  y2 = from_acc<T>(__fmul_rn(x2, cs) + __fmul_rn(x1, sn));
+  float sn, cs, first, second;
+  rotary::angle_sin_cos(pos, inv_freq, &sn, &cs);
+  rotary::turn(x1, x2, cs, sn, first, second);
+  y1 = from_acc<T>(first);
+  y2 = from_acc<T>(second);
 }
 
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
@@ -464,13 +464,14 @@ bool fast_layout(const Tensor& pool) {
   return true;
 }
 
-// The new tokens of paged_decode_attention.
-struct NewTokens {
-  const Tensor& k;
-  const Tensor& v;
-  const Tensor& slots;
-  const RopeParams& rope;
-};
+// Whether the staged kernel takes these shapes: both pools' layouts, the grid's x extent (tokens x kv heads x
+// row blocks) and the combine kernel's split limit; otherwise the simple kernel (or, fused, the separate ops).
+bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, int64_t max_context) {
+  const int64_t kv_heads = k_pool.size(2), row_blocks = (q.size(1) / kv_heads + kRowsPerCta - 1) / kRowsPerCta;
+  return fast_layout(k_pool) && fast_layout(v_pool) && q.size(0) * kv_heads * row_blocks < (int64_t{1} << 31) &&
+         (max_context + 31) / 32 <= kMaxSplits;
+}
+
 
 // The staged kernel's dynamic shared memory may exceed the 48 KiB that needs no opt-in: allow the most any
 // launch asks for, once per instantiation (outside any graph capture's stream work: it is a host attribute).
@@ -609,15 +610,13 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   const pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
                                              out, detail::cuda_error_word(device_));
   const int64_t tokens = q.size(0);
-  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) &&
-                    tokens * a.kv_heads * a.row_blocks < (int64_t{1} << 31) &&
-                    (max_context + 31) / 32 <= pg::kMaxSplits;
+  const bool fast = pg::staged_fits(q, k_pool, v_pool, max_context);
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
     } else if (fast) {
       pg::launch_staged<T, false>(a, pg::RopeFreq{}, tokens, max_context,
-                                  attention::multiprocessor_count(launch.device), out.device(), launch.stream);
+                                  multiprocessor_count(launch.device), out.device(), launch.stream);
     } else {
       const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
       if (smem > 48 * 1024) {
@@ -637,11 +636,7 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
                                          double scale, int64_t max_context, const Tensor& out) {
   namespace pg = paged;
   const int64_t tokens = q.size(0), dim = q.size(2);
-  const bool fast = pg::fast_layout(k_pool) && pg::fast_layout(v_pool) &&
-                    tokens * k_pool.size(2) * ((q.size(1) / k_pool.size(2) + pg::kRowsPerCta - 1) / pg::kRowsPerCta) <
-                        (int64_t{1} << 31) &&
-                    (max_context + 31) / 32 <= pg::kMaxSplits;
-  if (!fast) {  // the separate ops, one after the other
+  if (!pg::staged_fits(q, k_pool, v_pool, max_context)) {  // the separate ops, one after the other
     Backend::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
                                     max_context, out);
     return;
@@ -668,7 +663,7 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_decode_attention", DType::f64);
     } else {
-      pg::launch_staged<T, true>(a, freq, tokens, max_context, attention::multiprocessor_count(launch.device),
+      pg::launch_staged<T, true>(a, freq, tokens, max_context, multiprocessor_count(launch.device),
                                  out.device(), launch.stream);
     }
   });

@@ -7,6 +7,7 @@
 
 #include "../rope_math.h"
 #include "common.cuh"
+#include "rope.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 
@@ -20,13 +21,6 @@ template <typename A>
 struct InvFreq {
   A v[kMaxRopeHalf];
 };
-
-// Products rounded on their own, never contracted into an FMA with the add or subtract next to them:
-// the CPU reference computes a * cos - c * sin as two rounded products and a difference.
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ void sin_cos(float x, float* s, float* c) { sincosf(x, s, c); }
-__device__ __forceinline__ void sin_cos(double x, double* s, double* c) { sincos(x, s, c); }
 
 template <typename T, typename P>
 struct RopeArgs {
@@ -46,9 +40,8 @@ __global__ void rope_kernel(const RopeArgs<T, P> args, const InvFreq<acc_t<T>> f
     const int64_t token = item / args.half, i = item % args.half;
     const int64_t b = token / args.seq, t = token % args.seq;
     const auto pos = static_cast<A>(static_cast<int64_t>(args.positions[b * args.ps[0] + t * args.ps[1]]));
-    const A angle = mul_rn(pos, freq.v[i]);
     A sn, cs;
-    sin_cos(angle, &sn, &cs);
+    rotary::angle_sin_cos(pos, freq.v[i], &sn, &cs);
     if (args.inverse) sn = -sn;
     const int64_t first = i * args.pair_step, second = first + args.partner;
     const T* x_first = args.x + b * args.xs[0] + t * args.xs[1] + first * args.xs[3];
@@ -56,10 +49,10 @@ __global__ void rope_kernel(const RopeArgs<T, P> args, const InvFreq<acc_t<T>> f
     T* out_token = args.out + token * args.heads * args.dim;
 #pragma unroll 4
     for (int64_t h = 0; h < args.heads; ++h) {
-      const A a = to_acc(x_first[h * args.xs[2]]);
-      const A c = to_acc(x_second[h * args.xs[2]]);
-      out_token[h * args.dim + first] = from_acc<T>(mul_rn(a, cs) - mul_rn(c, sn));
-      out_token[h * args.dim + second] = from_acc<T>(mul_rn(c, cs) + mul_rn(a, sn));
+      A y1, y2;
+      rotary::turn(to_acc(x_first[h * args.xs[2]]), to_acc(x_second[h * args.xs[2]]), cs, sn, y1, y2);
+      out_token[h * args.dim + first] = from_acc<T>(y1);
+      out_token[h * args.dim + second] = from_acc<T>(y2);
     }
   }
 }

@@ -19,7 +19,6 @@
 
 #include "../../core/cuda/device_errors.h"
 #include "../sampling_math.h"
-#include "attention_kernels.h"
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
@@ -328,39 +327,36 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
   rows.out_stride = out.stride(0);
   rows.vocab = vocab;
 
-  const Chunks chunks = choose_chunks(batch, vocab, attention::multiprocessor_count(launch.device));
+  const Chunks chunks = choose_chunks(batch, vocab, multiprocessor_count(launch.device));
   const Tensor partials = Tensor::empty({batch, chunks.count}, DType::i64, out.device());
   auto* partial = static_cast<uint64_t*>(partials.data_ptr());
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(chunks.count));
   const dim3 row_grid(static_cast<unsigned>(batch), 1);
   uint64_t* error_word = detail::cuda_error_word(launch.device);
-  if (greedy_only) {
-    visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
-      sample_max_kernel<T><<<grid, kChunkThreads, 0, launch.stream>>>(rows, chunks.size, partial, nullptr, nullptr);
-      MICROLLM_CUDA_CHECK_LAUNCH();
-      sample_prepare_kernel<T, true><<<row_grid, kChunkThreads, 0, launch.stream>>>(
-          rows, chunks.size, partial, static_cast<int>(chunks.count), nullptr, nullptr, error_word);
-      MICROLLM_CUDA_CHECK_LAUNCH();
-    });
-    return;
+
+  // Workspace past the max pass (not for greedy_only): the candidates' keys before and after the sort, and
+  // each row's segment [begin, end).
+  Tensor keys_in, keys_out, segments;
+  uint64_t *unsorted = nullptr, *sorted = nullptr;
+  int *begin = nullptr, *end = nullptr;
+  if (!greedy_only) {
+    keys_in = Tensor::empty({batch, vocab}, DType::i64, out.device());
+    keys_out = Tensor::empty({batch, vocab}, DType::i64, out.device());
+    segments = Tensor::empty({2, batch}, DType::i32, out.device());
+    unsorted = static_cast<uint64_t*>(keys_in.data_ptr());
+    sorted = static_cast<uint64_t*>(keys_out.data_ptr());
+    begin = static_cast<int*>(segments.data_ptr());
+    end = begin + batch;
   }
-
-  // Workspace: the candidates' keys before and after the sort, and each row's segment [begin, end).
-  const Tensor keys_in = Tensor::empty({batch, vocab}, DType::i64, out.device());
-  const Tensor keys_out = Tensor::empty({batch, vocab}, DType::i64, out.device());
-  const Tensor segments = Tensor::empty({2, batch}, DType::i32, out.device());
-  auto* unsorted = static_cast<uint64_t*>(keys_in.data_ptr());
-  auto* sorted = static_cast<uint64_t*>(keys_out.data_ptr());
-  int* begin = static_cast<int*>(segments.data_ptr());
-  int* end = begin + batch;
-
   visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
     sample_max_kernel<T><<<grid, kChunkThreads, 0, launch.stream>>>(rows, chunks.size, partial, begin, end);
     MICROLLM_CUDA_CHECK_LAUNCH();
-    sample_prepare_kernel<T, false><<<grid, kChunkThreads, 0, launch.stream>>>(
+    const auto prepare = greedy_only ? sample_prepare_kernel<T, true> : sample_prepare_kernel<T, false>;
+    prepare<<<greedy_only ? row_grid : grid, kChunkThreads, 0, launch.stream>>>(
         rows, chunks.size, partial, static_cast<int>(chunks.count), unsorted, end, error_word);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
+  if (greedy_only) return;  // every row finished in the prepare kernel
   const int items = static_cast<int>(batch * vocab), segment_count = static_cast<int>(batch);
   size_t temp_bytes = 0;
   MICROLLM_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(nullptr, temp_bytes, unsorted, sorted, items,
