@@ -63,6 +63,16 @@ class EngineTest : public ::testing::TestWithParam<Device> {
     return results;
   }
 
+  // Every request got what generate() gives it alone (results ordered by id: submission order).
+  void expect_each_as_alone(const std::map<uint64_t, Generation>& results, const std::vector<EngineRequest>& requests) {
+    ASSERT_EQ(results.size(), requests.size());
+    size_t i = 0;
+    for (const auto& [id, g] : results) {
+      EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
+      ++i;
+    }
+  }
+
   uint64_t seed_ = testing::fresh_seed();
   Generator gen_{seed_ + 7};
   nn::TransformerConfig config_;
@@ -79,13 +89,8 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   options.prefill_chunk = 7;  // prompts of 9, 23 and 40 tokens are prefilled in several chunks
   Engine engine(*model_, options);
   const auto results = run(engine, requests);
-  ASSERT_EQ(results.size(), requests.size());
-  size_t i = 0;
-  for (const auto& [id, g] : results) {
-    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
-    EXPECT_EQ(g.finish_reason, FinishReason::length);
-    ++i;
-  }
+  expect_each_as_alone(results, requests);
+  for (const auto& [id, g] : results) EXPECT_EQ(g.finish_reason, FinishReason::length);
   const EngineStats stats = engine.stats();
   EXPECT_EQ(stats.kv_blocks_used, 0) << "finished requests give their blocks back";
   EXPECT_EQ(stats.decoding + stats.prefilling + stats.waiting, 0);
@@ -117,12 +122,7 @@ TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
   options.max_batch = 8;
   options.block_size = 8;
   Engine engine(*model_, options);
-  const auto results = run(engine, requests);
-  size_t i = 0;
-  for (const auto& [id, g] : results) {
-    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
-    ++i;
-  }
+  expect_each_as_alone(run(engine, requests), requests);
 }
 
 // Steps whose decoding rows are all greedy sample with SamplerRows::greedy_only (their own CUDA graphs); the
@@ -146,13 +146,7 @@ TEST_P(EngineTest, MixedGreedyAndSampledRequestsEqualEachRequestAlone) {
   options.block_size = 4;
   options.prefill_chunk = 4;  // the 20-token prompt prefills over several steps while request 0 decodes
   Engine engine(*model_, options);
-  const auto results = run(engine, requests);
-  ASSERT_EQ(results.size(), requests.size());
-  size_t i = 0;
-  for (const auto& [id, g] : results) {
-    EXPECT_EQ(g.tokens, alone(requests[i])) << "request " << i;
-    ++i;
-  }
+  expect_each_as_alone(run(engine, requests), requests);
   const EngineStats stats = engine.stats();
   EXPECT_GT(stats.greedy_decode_steps, 0u) << "no step took the greedy-only path";
   EXPECT_LT(stats.greedy_decode_steps, stats.decode_steps) << "no step took the general path";
@@ -235,8 +229,7 @@ TEST_P(EngineTest, AdmissionIsBoundedByFreeBlocksAndImpossibleRequestsAreRefused
   };
   const auto results = run(engine, requests);
   EXPECT_EQ(most_blocks, 8) << "only one request's 8 blocks fit at a time";
-  size_t i = 0;
-  for (const auto& [id, g] : results) EXPECT_EQ(g.tokens, alone(requests[i++]));
+  expect_each_as_alone(results, requests);
 
   try {
     engine.submit(request(prompt(30), 20));  // 50 tokens: 13 blocks of the 10

@@ -12,6 +12,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/sampling_math.h"
@@ -312,13 +313,13 @@ Batch greedy_batch(Batch batch) {
   return batch;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "no ValueError";
+// A greedy batch but for one random row (returned), which samples: a broken greedy_only promise.
+std::pair<Batch, int64_t> greedy_but_one(int64_t batch, int64_t vocab) {
+  Generator gen(testing::fresh_seed());
+  const auto bad = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(batch)));
+  Batch setup = greedy_batch(random_batch(batch, vocab, gen.next_u64()));
+  setup.params[static_cast<size_t>(bad)].temperature = 0.7;
+  return {setup, bad};
 }
 
 TEST(Sampling, MakeSamplerRowsPromisesGreedyOnlyWhenEveryRowIsGreedy) {
@@ -356,17 +357,14 @@ TEST(Sampling, GreedyOnlyEqualsTheSamplerWithPenalties) {
 
 TEST(Sampling, GreedyOnlyWithASampledRowThrowsAndChangesNothing) {
   const int64_t batch = 5, vocab = 300;
-  Generator gen(testing::fresh_seed());
-  const auto bad = static_cast<int64_t>(gen.next_below(batch));
-  Batch setup = greedy_batch(random_batch(batch, vocab, gen.next_u64()));
-  setup.params[static_cast<size_t>(bad)].temperature = 0.7;
+  const auto [setup, bad] = greedy_but_one(batch, vocab);
   SamplerRows rows = rows_of(setup, vocab, Device::cpu());
   rows.greedy_only = true;
   const std::vector<int64_t> rng = rows.rng.to_vector<int64_t>();
   const std::vector<int32_t> counts = rows.counts.to_vector<int32_t>();
   const Tensor logits = testing::random_tensor({batch, vocab}, DType::bf16, Device::cpu(), -4, 4);
   const Tensor out = Tensor::full({batch}, -1, DType::i32);
-  const std::string message = error_of([&] { sample_tokens(logits, rows, out); });
+  const std::string message = testing::message_of<ValueError>([&] { sample_tokens(logits, rows, out); });
   EXPECT_NE(message.find("sample_tokens"), std::string::npos) << message;
   EXPECT_NE(message.find("greedy_only"), std::string::npos) << message;
   EXPECT_NE(message.find("row " + std::to_string(bad)), std::string::npos) << message;
@@ -534,10 +532,7 @@ TEST_F(SamplingCudaTest, GreedyOnlyAppliesPenaltiesAndCountsLikeTheCpu) {
 
 TEST_F(SamplingCudaTest, GreedyOnlyWithASampledRowIsAnErrorAtTheNextSynchronization) {
   const int64_t batch = 6, vocab = 5000;
-  Generator gen(testing::fresh_seed());
-  const auto bad = static_cast<int64_t>(gen.next_below(batch));
-  Batch setup = greedy_batch(random_batch(batch, vocab, gen.next_u64()));
-  setup.params[static_cast<size_t>(bad)].temperature = 0.7;
+  const auto [setup, bad] = greedy_but_one(batch, vocab);
   SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
   cpu.greedy_only = true;
   const SamplerRows gpu = on_cuda(cpu);
@@ -545,7 +540,7 @@ TEST_F(SamplingCudaTest, GreedyOnlyWithASampledRowIsAnErrorAtTheNextSynchronizat
   const Tensor out = Tensor::full({batch}, -1, DType::i32, Device::cuda(0));
   cuda::synchronize(0);
   sample_tokens(logits.to(Device::cuda(0)), gpu, out);  // no host wait: the call itself cannot know
-  const std::string message = error_of([] { cuda::synchronize(0); });
+  const std::string message = testing::message_of<ValueError>([] { cuda::synchronize(0); });
   EXPECT_NE(message.find("sample_tokens"), std::string::npos) << message;
   EXPECT_NE(message.find("greedy_only"), std::string::npos) << message;
   EXPECT_NE(message.find("row: " + std::to_string(bad)), std::string::npos) << message;

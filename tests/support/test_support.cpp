@@ -136,13 +136,4 @@ void expect_gradients_match(const std::vector<Tensor>& inputs, const ForwardFn& 
   }
 }
 
-std::string error_message(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 }  // namespace microllm::testing

@@ -55,8 +55,17 @@ void expect_gradients_match(const std::vector<Tensor>& inputs, const ForwardFn& 
 // none). The CPU throws at once; a CUDA kernel reports through the device error word, so the error
 // surfaces at the next synchronization, which this helper performs.
 std::string index_error_message(Device device, const std::function<void()>& call);
-// The message of the microllm::Error that `call` throws, or "no error".
-std::string error_message(const std::function<void()>& call);
+// The message of the E (a microllm::Error) that `call` throws, or "no error"; any other exception propagates.
+template <typename E>
+std::string message_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "no error";
+}
+inline std::string error_message(const std::function<void()>& call) { return message_of<Error>(call); }
 
 // f64 host values of a tensor, and an index helper for row-major loops in reference code.
 std::vector<double> host_values(const Tensor& t);
