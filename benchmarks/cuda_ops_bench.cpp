@@ -254,7 +254,8 @@ void decode_linear_ops(const Model& m) {
   const Projection projections[] = {{"qkv", qkv, m.hidden, true},
                                     {"o", m.hidden, q, false},
                                     {"gate_up", 2 * m.intermediate, m.hidden, false},
-                                    {"down", m.hidden, m.intermediate, false}};
+                                    {"down", m.hidden, m.intermediate, false},
+                                    {"head", m.vocab, m.hidden, false}};
   constexpr double kColdBytes = 200e6;
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
@@ -288,6 +289,63 @@ void decode_linear_ops(const Model& m) {
           op.c_str(), m.name, static_cast<long long>(rows), static_cast<long long>(rows), static_cast<long long>(p.k),
           static_cast<long long>(p.n), static_cast<long long>(p.k), p.bias ? " + bias" : "", copies, gemv_ms, lt_ms,
           lt_ms / gemv_ms, bytes / gemv_ms / 1e9, bytes / lt_ms / 1e9, bytes, 2.0 * rows * p.n * p.k);
+      std::fflush(stdout);
+    }
+  }
+  cuda::release_graph_pool(0, pool);
+}
+
+// The two RMSNorm + projection steps of a decode layer as rms_norm_linear (ops/norm_linear.h), weights from
+// DRAM as in decode_linear: "ms" folded into the GEMV, "cublaslt_ms" the separate kernels (rms_norm with the
+// residual add, cuBLASLt, and swiglu for gate_up). op "decode_norm_linear/<qkv|gate_up_swiglu>".
+void decode_norm_linear_ops(const Model& m) {
+  const int64_t qkv = (m.heads + 2 * m.kv_heads) * m.head_dim;
+  struct Step {
+    const char* name;
+    int64_t weight_rows;
+    bool bias, swiglu;
+  };
+  const Step steps[] = {{"qkv", qkv, true, false}, {"gate_up_swiglu", 2 * m.intermediate, false, true}};
+  constexpr double kColdBytes = 200e6;
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const uint64_t pool = cuda::create_graph_pool();
+  const bool was = decode_gemv();
+  for (const Step& p : steps) {
+    for (int64_t rows : {int64_t{1}, int64_t{8}}) {
+      const std::string op = str_cat("decode_norm_linear/", p.name);
+      if (!selected(op, m.name)) continue;
+      const double weight_bytes = 2.0 * p.weight_rows * m.hidden;
+      const int copies = static_cast<int>(kColdBytes / weight_bytes) + 2;
+      std::vector<Tensor> weights;
+      Tensor x, residual, gamma, bias;
+      {
+        cuda::StreamGuard on(stream);
+        for (int i = 0; i < copies; ++i) weights.push_back(random({p.weight_rows, m.hidden}, DType::bf16, -0.05, 0.05));
+        x = random({rows, m.hidden});
+        residual = random({rows, m.hidden});
+        gamma = random({m.hidden}, DType::bf16, 0.5, 1.5);
+        if (p.bias) bias = random({p.weight_rows});
+      }
+      stream.synchronize();
+      auto per_call_ms = [&](bool gemv) {
+        set_decode_gemv(gemv);
+        return graph_ms(
+            stream, pool,
+            [&](int i) { rms_norm_linear(x, residual, gamma, 1e-6, weights[static_cast<size_t>(i)], bias, p.swiglu); },
+            copies);
+      };
+      const double separate_ms = per_call_ms(false), folded_ms = per_call_ms(true);
+      set_decode_gemv(was);
+      const int64_t n = p.swiglu ? p.weight_rows / 2 : p.weight_rows;
+      const double bytes = weight_bytes + 2.0 * rows * (3 * m.hidden + n);
+      std::printf(
+          "{\"op\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, \"shape\": \"[%lld, %lld] x [%lld, %lld]^T, %d weight "
+          "copies\", \"ms\": %.6f, \"cublaslt_ms\": %.6f, \"speedup\": %.3f, \"gemv_tbps\": %.3f, \"bytes\": %.0f, "
+          "\"flops\": %.0f}\n",
+          op.c_str(), m.name, static_cast<long long>(rows), static_cast<long long>(rows),
+          static_cast<long long>(m.hidden), static_cast<long long>(p.weight_rows), static_cast<long long>(m.hidden),
+          copies, folded_ms, separate_ms, separate_ms / folded_ms, bytes / folded_ms / 1e9, bytes,
+          2.0 * rows * p.weight_rows * m.hidden);
       std::fflush(stdout);
     }
   }
@@ -401,6 +459,7 @@ int main(int argc, char** argv) {
   for (const Model& m : kModels) model_ops(m);
   for (const Model& m : kModels) decode_step_ops(m);
   for (const Model& m : kModels) decode_linear_ops(m);
+  for (const Model& m : kModels) decode_norm_linear_ops(m);
   sampling_graph_ops();
   return 0;
 }

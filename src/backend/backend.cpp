@@ -39,6 +39,22 @@ bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_
 void set_decode_gemv(bool enabled) { decode_gemv_flag().store(enabled, std::memory_order_relaxed); }
 bool decode_gemv() { return decode_gemv_flag().load(std::memory_order_relaxed); }
 
+void Backend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                              const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                              const Tensor& h_out) {
+  const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
+  rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
+  if (!swiglu) {
+    matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, out);
+    return;
+  }
+  const int64_t n = out.size(1);
+  const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
+  matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, gate_up);
+  this->swiglu(gate_up.narrow(1, 0, n), gate_up.narrow(1, n, n), out);
+}
+
 void Backend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope_params,
                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,

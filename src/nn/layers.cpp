@@ -9,6 +9,7 @@
 #include "microllm/ops/activation.h"
 #include "microllm/ops/attention.h"
 #include "microllm/ops/matmul.h"
+#include "microllm/ops/norm_linear.h"
 #include "microllm/ops/paged_attention.h"
 #include "microllm/ops/rope.h"
 
@@ -64,7 +65,7 @@ void FusedProjections::fuse() {
 }
 
 // The parts as one tensor when they are consecutive rows of one buffer (what fuse() left), else undefined.
-static Tensor joined(const std::vector<const Tensor*>& parts) {
+static Tensor joined_rows(const std::vector<const Tensor*>& parts) {
   const Tensor& first = *parts.front();
   int64_t next = first.offset(), rows = 0;
   for (const Tensor* t : parts) {
@@ -80,18 +81,22 @@ static Tensor joined(const std::vector<const Tensor*>& parts) {
   return Tensor(first.storage(), shape, strides, first.offset(), first.dtype());
 }
 
-Tensor FusedProjections::forward(const Tensor& x, const ForwardContext& ctx) const {
-  if (parts_.empty() || autograd::grad_enabled()) return Tensor();
+FusedProjections::Joined FusedProjections::joined(const ForwardContext& ctx) const {
+  if (parts_.empty() || autograd::grad_enabled()) return {};
   std::vector<const Tensor*> weights, biases;
   for (Linear* part : parts_) {
     weights.push_back(&part->weight().value());
     if (part->bias()) biases.push_back(&part->bias()->value());
   }
-  if (weights.front()->dtype() != ctx.compute_dtype) return Tensor();
-  const Tensor weight = joined(weights);
-  const Tensor bias = biases.empty() ? Tensor() : joined(biases);
-  if (!weight.defined() || (!biases.empty() && !bias.defined())) return Tensor();
-  return linear(x, weight, bias);
+  if (weights.front()->dtype() != ctx.compute_dtype) return {};
+  Joined fused{joined_rows(weights), biases.empty() ? Tensor() : joined_rows(biases)};
+  if (!fused.weight.defined() || (!biases.empty() && !fused.bias.defined())) return {};
+  return fused;
+}
+
+Tensor FusedProjections::forward(const Tensor& x, const ForwardContext& ctx) const {
+  const Joined fused = joined(ctx);
+  return fused.weight.defined() ? linear(x, fused.weight, fused.bias) : Tensor();
 }
 
 Embedding::Embedding(int64_t vocab, int64_t dim, Initializer& init) {
@@ -109,6 +114,8 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) {
 Variable RMSNorm::forward(const Variable& x, const ForwardContext& ctx) const {
   return ag::rms_norm(x, as_compute(*weight_, ctx), eps_);
 }
+
+Tensor RMSNorm::weight_for(const ForwardContext& ctx) const { return as_compute(*weight_, ctx).value(); }
 
 std::pair<Variable, Variable> RMSNorm::forward_residual(const Variable& x, const Variable& residual,
                                                         const ForwardContext& ctx) const {
@@ -130,19 +137,26 @@ Attention::Attention(const AttentionConfig& config, int layer_index, Initializer
 }
 
 Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const {
+  // [B, T, (Hq + 2 Hkv) D] when fused (inference), else undefined
+  if (const Tensor qkv = qkv_.forward(x.value(), ctx); qkv.defined()) return forward_qkv(qkv, ctx);
   const int64_t batch = x.size(0), tokens = x.size(1), d = config_.head_dim;
+  Variable q = ag::reshape(q_proj_->forward(x, ctx), {batch, tokens, config_.num_heads, d});     // [B, T, Hq, D]
+  Variable k = ag::reshape(k_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});  // [B, T, Hkv, D]
+  Variable v = ag::reshape(v_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});
+  return attend(q, k, v, Tensor(), ctx);
+}
+
+Variable Attention::forward_qkv(const Tensor& qkv, const ForwardContext& ctx) const {
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
-  Variable q, k, v;
-  const Tensor qkv = qkv_.forward(x.value(), ctx);  // [B, T, (Hq + 2 Hkv) D] when fused (inference), else undefined
-  if (qkv.defined()) {
-    q = Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d}));
-    k = Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d}));
-    v = Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d}));
-  } else {
-    q = ag::reshape(q_proj_->forward(x, ctx), {batch, tokens, hq, d});   // [B, T, Hq, D]
-    k = ag::reshape(k_proj_->forward(x, ctx), {batch, tokens, hkv, d});  // [B, T, Hkv, D]
-    v = ag::reshape(v_proj_->forward(x, ctx), {batch, tokens, hkv, d});
-  }
+  return attend(Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d})),
+                Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d})),
+                Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d})), qkv, ctx);
+}
+
+Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx) const {
+  const int64_t batch = q.size(0), tokens = q.size(1), d = config_.head_dim;
+  const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
   if (q_norm_) {
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
@@ -218,6 +232,10 @@ Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init) {
   gate_up_ = FusedProjections({gate_proj_, up_proj_});
 }
 
+Variable Mlp::down(const Variable& activation, const ForwardContext& ctx) const {
+  return down_proj_->forward(activation, ctx);
+}
+
 Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
   if (const Tensor gate_up = gate_up_.forward(x.value(), ctx); gate_up.defined()) {  // [.., 2 * intermediate]
     const int64_t n = gate_up.size(-1) / 2;
@@ -240,8 +258,25 @@ Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) con
   return ag::add(h, mlp_out);
 }
 
+std::pair<Variable, Variable> DecoderLayer::forward_fused(const Variable& x, const Variable& residual,
+                                                          const ForwardContext& ctx) const {
+  const FusedProjections::Joined qkv = self_attn_->qkv_projections().joined(ctx);
+  const FusedProjections::Joined gate_up = mlp_->gate_up_projections().joined(ctx);
+  if (!qkv.weight.defined() || !gate_up.weight.defined() || gate_up.bias.defined()) return {};
+  // stream: the residual stream entering the layer (residual + x); h: after the attention's residual add.
+  const Tensor res = residual.defined() ? residual.value() : Tensor();
+  const auto [qkv_out, stream] = rms_norm_linear(x.value(), res, input_layernorm_->weight_for(ctx),
+                                                 input_layernorm_->eps(), qkv.weight, qkv.bias, /*swiglu=*/false);
+  const Variable attn = self_attn_->forward_qkv(qkv_out, ctx);
+  const auto [activation, h] = rms_norm_linear(attn.value(), stream, post_attention_layernorm_->weight_for(ctx),
+                                               post_attention_layernorm_->eps(), gate_up.weight, Tensor(),
+                                               /*swiglu=*/true);
+  return {mlp_->down(Variable(activation), ctx), Variable(h)};
+}
+
 std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, const Variable& residual,
                                                              const ForwardContext& ctx) const {
+  if (auto fused = forward_fused(x, residual, ctx); fused.first.defined()) return fused;
   Variable normed, stream = x;  // stream: the residual stream entering this layer
   if (residual.defined()) {
     std::tie(normed, stream) = input_layernorm_->forward_residual(x, residual, ctx);  // stream = residual + x

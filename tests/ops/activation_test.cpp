@@ -69,6 +69,21 @@ TEST_P(ActivationTest, SwigluMatchesReferenceOnEveryDtypeAndLayout) {
             (Shape{0, 4}));
 }
 
+// The two halves of a fused gate_up product ([.., 2n] narrowed: rows 2n apart, the prefill's case, which CUDA
+// runs in 16-byte packs along each row), and row lengths that are not a whole pack (the strided kernel).
+TEST_P(ActivationTest, SwigluOfTheHalvesOfOneProduct) {
+  for (DType dtype : kFloatTypes) {
+    for (int64_t n : {64, 72, 13}) {
+      const Tensor gate_up = random_tensor({2, 9, 2 * n}, dtype, device(), -6, 6);
+      const Tensor gate = gate_up.narrow(2, 0, n), up = gate_up.narrow(2, n, n);
+      const std::vector<double> gv = host_values(gate), uv = host_values(up);
+      std::vector<double> ref;
+      for (size_t i = 0; i < gv.size(); ++i) ref.push_back(silu(gv[i]) * uv[i]);
+      MICROLLM_EXPECT_CLOSE(swiglu(gate, up), ref, tolerance(dtype)) << dtype << " n " << n;
+    }
+  }
+}
+
 TEST_P(ActivationTest, SwigluBackwardMatchesTheFormula) {
   for (DType dtype : kFloatTypes) {
     const Tensor gate = random_tensor({4, 9}, dtype, device(), -5, 5);

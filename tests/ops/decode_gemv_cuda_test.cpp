@@ -1,7 +1,8 @@
 // The decode GEMV (src/backend/cuda/gemv.cu): out = x @ w^T (+ bias) for m <= 8 rows, bf16/f16, against the
 // CPU reference on fresh random inputs (odd m, k and n, a row-strided x, NaN-poisoned outputs with a guard
 // band after them), against cuBLASLt (decode_gemv() off) at the projections of Qwen2.5-0.5B and
-// DeepSeek-R1-Distill-Qwen-1.5B, inside a CUDA graph, and the m = 9 hand-over to cuBLASLt. Skips without a GPU.
+// DeepSeek-R1-Distill-Qwen-1.5B, with the RMSNorm and SwiGLU folded in, inside a CUDA graph, and the m = 9
+// hand-over to cuBLASLt. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef MICROLLM_WITH_CUDA
@@ -130,6 +131,61 @@ TEST_P(DecodeGemvCudaTest, AgreesWithCublasLtAtTheModelShapes) {
       EXPECT_LE(testing::relative_error(gemv, cublaslt), tol()) << "GEMV vs cuBLASLt";
     }
   }
+}
+
+// The RMSNorm (with and without the residual add) and SwiGLU folded into the GEMV, called directly (so a case
+// it refused fails here): out against the CPU's separate ops, h bit-identical, nothing written past either.
+TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
+  const GemvSetting on(true);
+  constexpr double kEps = 1e-6;
+  for (int64_t m : {1, 2}) {  // the rows the folded GEMV takes (gemv.cu: kMaxFoldedRows)
+    for (int64_t k : {64, 896, 1536}) {
+      for (bool with_residual : {false, true}) {
+        for (bool swiglu : {false, true}) {
+          const int64_t n = swiglu ? 4864 : 1152;
+          SCOPED_TRACE(str_cat("m ", m, " k ", k, " n ", n, with_residual ? " residual" : "", swiglu ? " swiglu" : ""));
+          const Tensor x_cpu = rand({m, k}), residual_cpu = rand({m, k});
+          const Tensor gamma_cpu = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5);
+          const Tensor w_cpu = random_tensor({swiglu ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1);
+          const Tensor bias_cpu = swiglu ? Tensor() : rand({n});
+          const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
+          cuda_kernels::GemvNorm norm{with_residual ? residual_cpu.to(kGpu) : Tensor(), gamma_cpu.to(kGpu), kEps,
+                                      with_residual ? h.out : Tensor()};
+          const Tensor bias = bias_cpu.defined() ? bias_cpu.to(kGpu) : Tensor();
+          ASSERT_TRUE(cuda_kernels::try_decode_gemv(x_cpu.to(kGpu), w_cpu.to(kGpu),
+                                                    bias.defined() ? bias.data_ptr() : nullptr, 1, out.out,
+                                                    static_cast<cudaStream_t>(cuda::current_stream(0).handle()), &norm,
+                                                    swiglu));
+          cuda::synchronize(0);
+          Tensor normed, h_ref;
+          if (with_residual) {
+            const RmsNormResult r = rms_norm_residual(x_cpu, residual_cpu, gamma_cpu, kEps);
+            normed = r.out;
+            h_ref = r.h;
+          } else {
+            normed = rms_norm(x_cpu, gamma_cpu, kEps);
+          }
+          Tensor ref = linear(normed, w_cpu, bias_cpu);
+          if (swiglu) ref = microllm::swiglu(ref.narrow(1, 0, n), ref.narrow(1, n, n));
+          EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), ref), tol());
+          EXPECT_TRUE(out.guard_intact()) << "the GEMV wrote past its output";
+          if (with_residual) {
+            EXPECT_EQ(testing::host_values(h.out.to(Device::cpu())), testing::host_values(h_ref)) << "h";
+            EXPECT_TRUE(h.guard_intact()) << "the GEMV wrote past h";
+          }
+        }
+      }
+    }
+  }
+  // Three rows: every CTA would normalize them all, so the folded GEMV declines (rms_norm_linear then runs
+  // the separate kernels) and launches nothing.
+  const PoisonedOut refused(3, 1152, dtype());
+  const cuda_kernels::GemvNorm norm{Tensor(), rand({896}).to(kGpu), kEps, Tensor()};
+  EXPECT_FALSE(cuda_kernels::try_decode_gemv(rand({3, 896}).to(kGpu), rand({1152, 896}).to(kGpu), nullptr, 0,
+                                             refused.out, static_cast<cudaStream_t>(cuda::current_stream(0).handle()),
+                                             &norm, false));
+  cuda::synchronize(0);
+  EXPECT_TRUE(std::isnan(testing::host_values(refused.out.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()))[0]));
 }
 
 // Nine rows are past the GEMV: it declines, and matmul's cuBLASLt path gives the right answer.

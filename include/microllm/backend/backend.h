@@ -74,6 +74,13 @@ class Backend {
   virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                                  const Tensor& grad_h, const Tensor& grad_weight) = 0;
 
+  // rms_norm_linear (ops/norm_linear.h) on rows: x [M, K], residual [M, K] or undefined, out [M, N] contiguous,
+  // h_out [M, K] (undefined without a residual). The default is the composition of this backend's rms_norm,
+  // matmul and swiglu (the reference); CUDA folds all three into its decode GEMV when M <= 8.
+  virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                               const Tensor& h_out);
+
   // ---- rotary embedding (rope.*) ----
   // x is [B, T, H, D]; positions [B, T] (i32/i64; may be a stride-0 expanded view of [T]). inverse
   // rotates by -angle (the backward). Frequencies come from src/backend/rope_math.h.

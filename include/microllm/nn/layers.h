@@ -67,6 +67,12 @@ class FusedProjections {
   void fuse();
   // x [.., in] -> [.., sum of out] when the parts are fused (and ctx's dtype is theirs), else undefined.
   Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
+  // The fused weight [sum of out, in] and bias (undefined without biases) when forward() would use them (no
+  // grad, fused, ctx's dtype); else an undefined weight.
+  struct Joined {
+    Tensor weight, bias;
+  };
+  Joined joined(const ForwardContext& ctx) const;
 
  private:
   std::vector<Linear*> parts_;
@@ -89,6 +95,8 @@ class RMSNorm : public Module {
   // {norm(x + residual), x + residual}
   std::pair<Variable, Variable> forward_residual(const Variable& x, const Variable& residual,
                                                  const ForwardContext& ctx) const;
+  Tensor weight_for(const ForwardContext& ctx) const;  // the weight in ctx's compute dtype
+  double eps() const { return eps_; }
 
  private:
   Variable* weight_;
@@ -110,8 +118,13 @@ class Attention : public Module {
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   // Inference: q/k/v in one GEMM (see FusedProjections).
   void fuse_projections() { qkv_.fuse(); }
+  const FusedProjections& qkv_projections() const { return qkv_; }
+  // The rest of forward() from the fused projections' output qkv [B, T, (Hq + 2 Hkv) D] (inference).
+  Variable forward_qkv(const Tensor& qkv, const ForwardContext& ctx) const;
 
  private:
+  // forward() after the projections; qkv: their fused output when there is one (undefined in training).
+  Variable attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx) const;
   // The paged cache's two cases: a decode step (q, k, v before the rotary embedding; one fused op) and a
   // prefill chunk (after it).
   Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
@@ -129,6 +142,8 @@ class Mlp : public Module {
   Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
   void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up in one GEMM
+  const FusedProjections& gate_up_projections() const { return gate_up_; }
+  Variable down(const Variable& activation, const ForwardContext& ctx) const;  // down_proj
 
  private:
   Linear *gate_proj_, *up_proj_, *down_proj_;
@@ -152,6 +167,11 @@ class DecoderLayer : public Module {
   }
 
  private:
+  // forward_unsummed at inference with fused projections: each RMSNorm and the projections after it are one
+  // op (ops/norm_linear.h), SwiGLU included, so a CUDA decode layer is five kernels. Undefined results when
+  // the fused weights are not there (then the general path runs).
+  std::pair<Variable, Variable> forward_fused(const Variable& x, const Variable& residual,
+                                              const ForwardContext& ctx) const;
   RMSNorm *input_layernorm_, *post_attention_layernorm_;
   Attention* self_attn_;
   Mlp* mlp_;

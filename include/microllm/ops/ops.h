@@ -8,6 +8,7 @@
 #include "microllm/ops/loss.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/norm.h"
+#include "microllm/ops/norm_linear.h"
 #include "microllm/ops/paged_attention.h"
 #include "microllm/ops/reduce.h"
 #include "microllm/ops/rope.h"

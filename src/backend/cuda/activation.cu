@@ -52,6 +52,48 @@ __global__ void gated_contiguous(const std::array<T*, NOUT> outs, const std::arr
   }
 }
 
+// Row-strided: every operand is `rows` rows of `cols` contiguous elements, row_stride[k] apart, with 16-byte
+// aligned rows (the two halves of a fused gate_up product at prefill: row stride 2 * cols); 16-byte packs
+// along each row. Operands 0..NOUT-1 of row_stride are the outputs.
+template <typename T, int NIN, int NOUT, int V, typename Fn>
+__global__ void gated_rows(const std::array<T*, NOUT> outs, const std::array<const T*, NIN> ins,
+                           const std::array<int64_t, NIN + NOUT> row_stride, int64_t rows, int64_t cols, Fn fn) {
+  using A = acc_t<T>;
+  const int64_t packs_per_row = cols / V;
+  wait_for_prior_grids();
+  chain_next_grids();
+  MICROLLM_GRID_STRIDE_LOOP(p, rows * packs_per_row) {
+    const int64_t row = p / packs_per_row, col = p % packs_per_row * V;
+    Pack<V, T> in[NIN];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) in[k] = *reinterpret_cast<const Pack<V, T>*>(ins[k] + row * row_stride[NOUT + k] + col);
+    Pack<V, T> result[NOUT];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A args[NIN], res[NOUT];
+#pragma unroll
+      for (int k = 0; k < NIN; ++k) args[k] = to_acc(in[k].v[j]);
+      fn(args, res);
+#pragma unroll
+      for (int k = 0; k < NOUT; ++k) result[k].v[j] = from_acc<T>(res[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) *reinterpret_cast<Pack<V, T>*>(outs[k] + row * row_stride[k] + col) = result[k];
+  }
+}
+
+// The stride between rows of t seen as [rows, last dim] with a unit last-dim stride, or -1 when the leading
+// dims do not collapse into one (or the last dim is strided).
+int64_t row_stride_of(const Tensor& t) {
+  const int dims = t.dim();
+  if (dims == 0 || (t.size(-1) > 1 && t.stride(-1) != 1)) return -1;
+  if (dims == 1) return t.size(0);
+  for (int d = 0; d + 2 < dims; ++d) {
+    if (t.size(d) > 1 && t.stride(d) != t.stride(d + 1) * t.size(d + 1)) return -1;
+  }
+  return t.stride(dims - 2);
+}
+
 // Strided: operands 0..NOUT-1 of meta are the outputs, NOUT.. the inputs.
 template <typename T, int NIN, int NOUT, typename Fn>
 __global__ void gated_strided(const std::array<T*, NOUT> outs, const std::array<const T*, NIN> ins,
@@ -92,10 +134,20 @@ void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::arr
     aligned = aligned && aligned16(ins[k]);
   }
   const StridedMeta<NIN + NOUT> meta = make_strided_meta<NIN + NOUT>(outputs[0]->shape(), strides);
+  constexpr int V = 16 / sizeof(T);
+  const int64_t cols = outputs[0]->dim() > 0 ? outputs[0]->size(-1) : 1;
+  std::array<int64_t, NIN + NOUT> row_stride{};
+  bool rows_of_packs = aligned && cols % V == 0;
+  for (int k = 0; k < NIN + NOUT && rows_of_packs; ++k) {
+    row_stride[k] = row_stride_of(k < NOUT ? *outputs[k] : *inputs[k - NOUT]);
+    rows_of_packs = row_stride[k] >= 0 && row_stride[k] % V == 0;
+  }
   if (all_contiguous(meta) && aligned) {
-    constexpr int V = 16 / sizeof(T);
     launch_chained(gated_contiguous<T, NIN, NOUT, V, Fn>, grid_for(n / V + 1), kThreads, 0, launch.stream,
                    launch.device, outs, ins, n, fn);
+  } else if (rows_of_packs) {
+    launch_chained(gated_rows<T, NIN, NOUT, V, Fn>, grid_for(n / V), kThreads, 0, launch.stream, launch.device, outs,
+                   ins, row_stride, n / cols, cols, fn);
   } else {
     gated_strided<T, NIN, NOUT><<<grid_for(n), kThreads, 0, launch.stream>>>(outs, ins, meta, n, fn);
   }

@@ -51,6 +51,10 @@ class CudaBackend final : public Backend {
                           const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                           const Tensor& grad_v) override;
 
+  void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                       const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                       const Tensor& h_out) override;
+
   void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
                       const Tensor& slots) override;
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,

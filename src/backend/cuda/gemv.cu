@@ -1,47 +1,56 @@
-// The decode GEMV: out [m, n] = x [m, k] @ w [n, k]^T (+ bias) for m <= 8 rows, bf16/f16, f32 accumulation.
+// The decode GEMV: out [m, n] = x [m, k] @ w [n, k]^T (+ bias) for m <= 8 rows, bf16/f16, f32 accumulation,
+// with two steps of a decoder layer optionally folded in (m <= 2):
+//   RMSNorm before: x is first h = round(x + residual) (or x), then round(g * round(h * rstd)) (rms_norm's
+//     roundings), computed by every CTA into shared memory; CTA 0 also writes h (the residual stream).
+//   SwiGLU after: w is [w_gate; w_up] (2n rows) and out[b, j] = silu(round(gate)) * round(up), rounded once
+//     (swiglu's arithmetic on the rounded gate_up product).
+// A batch-1 decode layer is then five kernels (qkv with input_layernorm, attention, o, gate_up with
+// post_attention_layernorm and SwiGLU, down) instead of eight.
 //
-// Why: at decode a linear layer reads each weight once and does 2m flops per weight, so its time is the
-// weight bytes over DRAM bandwidth. cuBLASLt's choices for these shapes leave most of the bandwidth unused
-// (Nsight Compute, each kernel alone with caches flushed, Qwen2.5-0.5B batch 1 on the H200): qkv [1152, 896]
-// 5.5 us, o [896, 896] 5.8 us, gate_up [9728, 896] 8.0 us (76 CTAs on 132 SMs: 17.4 MB at 2.2 TB/s), down
-// [896, 4864] 6.4 us + a split-K reduce kernel 3.1 us: ~29 us a layer against a ~8.6 us bandwidth floor.
+// Why a GEMV: at decode a linear layer reads each weight once and does 2m flops per weight, so its time is the
+// weight bytes over DRAM bandwidth. cuBLASLt's choices for the small shapes leave much of it unused (Nsight
+// Compute, Qwen2.5-0.5B batch 1 on the H200): qkv [1152, 896] 5.5 us, o [896, 896] 5.8 us, down [896, 4864]
+// 6.4 us + a split-K reduce kernel 3.1 us.
 //
-// An earlier GEMV (a warp per output column, each 16-byte weight load followed at once by its x loads and
-// FMAs) looked fast with the weights in L2 but made the model slower (tg128 B1 573 vs 632 tok/s, B8 2,519
-// vs 4,842): with DRAM behind it, each lane had about one load in flight; o and down (n = 896) ran 28
-// warps per SM-wave with long k loops; and at m = 8 every weight element cost 8 x loads, 8 conversions and
-// 8 FMAs, which is more issue slots than the SM has for DRAM-rate weights. This kernel:
-//
-// 1. Streams: per step each lane first issues kLoadsInFlight (8) 16-byte weight loads
-//    (ld.global.nc.L1::no_allocate: read once, kept out of L1; L2::256B prefetch), only then consumes them:
-//    8 x 512 B per warp in flight.
+// 1. Streams: each lane keeps kLoadsInFlight (8) 16-byte weight loads in flight (a rolling window: the load
+//    of chunk c + 8 is issued as soon as chunk c is consumed), with ld.global.nc.L1::no_allocate (read once,
+//    kept out of L1) and an L2::256B prefetch. A window of 16 needs 122 registers and was slower everywhere.
 // 2. Multiplies on the tensor cores: one warp owns a group of 8 weight rows and computes the 16x8 tile
 //    D = A B of mma.m16n8k16 with A = x (rows: the m <= 8 batch rows, rows 8..15 zero) and B = w^T (columns:
 //    the 8 weight rows). The order of k inside a dot product is free, so lane (g, t) = (lane / 4, lane % 4)
 //    loads 8 consecutive elements of weight row g and the same 8 elements of x row g, at k = 32c + 8t of
 //    chunk c: registers 0-1 of each become the k-pairs (2t, 2t+8) of one mma, registers 2-3 of a second.
-//    No conversions, no per-row FMA loops: two mma per 16-byte weight load whatever m is, and one 16-byte
-//    x load (an L1 hit: every warp reads the same x) per weight load.
+//    Two mma per 16-byte weight load whatever m is, and one 16-byte x load (an L1 or shared-memory hit).
+//    With SwiGLU, two warps of a CTA stream the 8 gate rows and the 8 matching up rows of one output group.
 // 3. Fills the GPU: the warps of a CTA split k (split = 1..16 warps per row group, partial tiles summed
 //    in shared memory in slice order: deterministic). The host picks split from n, k and the SM count
 //    (the launch shape depends only on shapes, so graphs replay it): the smallest power of two that gives
-//    16 warps per SM, but no more slices than k has steps of 8 chunks.
+//    kWarpsTarget (16) warps per SM (32 was slower), but no more slices than k has windows of 8 chunks.
 // 4. Rounds once: out = round(acc + bias) in f32, like cuBLASLt's bias epilogue.
-// 5. Launches chained (common.cuh) in decode graphs: the first batch of weights streams in before the kernel
-//    waits for the one before it.
+// 5. Launches chained (common.cuh) in decode graphs: the first window of weights (and the norm weight) streams
+//    in before the kernel waits for the one before it.
 //
-// Where it runs: weights up to kMaxGemvBytes. Measured on the H200 (cuda_ops_bench --filter decode_linear,
-// weights from DRAM, GEMV vs cuBLASLt): qkv and o of both models 1.19-1.61x, Qwen2.5-0.5B down (8.7 MB)
-// 1.17-1.22x, but gate_up 17.4 MB 0.77-0.82x, 55 MB 0.59-0.65x, R1-1.5B down (27.5 MB) 0.89-1.02x: past
-// ~16 MB cuBLASLt's tiles stream faster (about 2.5 TB/s against 2.1), and the head (272 MB) stays there too.
-//
-// MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt, to A/B the two in one run.
+// Where it runs (cuda_ops_bench --filter decode_linear / decode_norm_linear, weights from DRAM; figures in
+// docs/perf/inference.md): a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down are
+// 1.2-1.9x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x).
+// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.6 us where
+// rms_norm + GEMV take 7.9, and Qwen2.5-0.5B's folded gate_up (17.4 MB) lifted batch-1 decode by 10% although
+// its stream is slower than cuBLASLt's; at m = 8 every CTA normalizing all 8 rows made it slower than the
+// separate kernels (qkv 8.8 vs 8.3 us, gate_up 21.9 vs 12.6 us).
+// MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
+// kernels), to A/B the two in one run.
 #include "gemv.h"
 
+#include <algorithm>
 #include <climits>
+#include <mutex>
+#include <vector>
 
+#include "../elementwise_math.h"
 #include "attention_mma.cuh"
 #include "common.cuh"
+#include "cuda_backend.h"
+#include "op_scope.h"
 #include "microllm/backend/backend.h"
 #include "rows.cuh"
 
@@ -51,11 +60,16 @@ namespace {
 constexpr int kGemvMaxRows = 8;    // x rows: the 8 live rows of the mma's A (m16, rows 8..15 stay zero)
 constexpr int kGroupRows = 8;      // weight rows per warp: the mma's n
 constexpr int kChunk = 32;         // k per 16-byte load of every lane: 4 lanes x 8 elements per weight row
-constexpr int kLoadsInFlight = 8;  // 16-byte weight loads each lane issues before it consumes any
 constexpr int kMaxSplit = 16;      // warps per row group
 constexpr int kMaxThreads = 32 * kMaxSplit;
-constexpr int kWarpsTarget = 16;   // warps per SM the split aims for: enough 4 KB load batches in flight
-constexpr int64_t kMaxGemvBytes = 16 << 20;  // larger weights go to cuBLASLt (measured: the header comment)
+constexpr int kMaxStaged = 96 * 1024;  // dynamic shared memory for the staged x, residual and norm weight
+
+constexpr int kLoadsInFlight = 8;  // 16-byte weight loads each lane keeps in flight (16: 122 registers, slower)
+constexpr int kWarpsTarget = 16;   // warps per SM the split aims for (32 measured slower on the large weights)
+// Where the GEMV runs (the header comment, "Where it runs"):
+constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
+constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
+constexpr int64_t kMaxFoldedRows = 2;          // ... pay for a slower stream, but every CTA normalizes all m rows
 
 // A weight load: read once, so no L1 line; the 256-byte L2 prefetch brings the lane's next chunks along.
 __device__ __forceinline__ uint4 load_streamed(const void* p) {
@@ -66,55 +80,152 @@ __device__ __forceinline__ uint4 load_streamed(const void* p) {
   return v;
 }
 
-// Grid: one CTA per blockDim / 32 / split row groups. Warp w works on row group w / split, k slice w % split
-// (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)).
+struct GemvArgs {
+  const void* x;
+  int64_t x_stride;
+  const void* w;
+  int64_t w_stride;
+  const void* bias;  // may be null
+  int64_t bias_stride;
+  void* out;  // [m, n] contiguous
+  int m, n, k;
+  int split, chunks_per_warp;
+  // RMSNorm folded in (kNorm): h = x + residual (residual may be null), normalized with norm_weight [k].
+  const void* residual;
+  int64_t residual_stride;
+  const void* norm_weight;
+  float eps;
+  void* h_out;  // [m, k] contiguous, may be null: CTA 0 writes h there
+  int x_pitch;  // elements per staged x row: k plus 16 bytes, so the 8 rows' loads spread over the banks
+  // SwiGLU folded in (kSwiGLU): the up row of output column j is weight row up_row0 + j.
+  int64_t up_row0;
+};
+
+// kNorm, before the wait: the norm weight (no kernel writes it) to shared memory, cp.async.
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
-    decode_gemv_kernel(const T* __restrict__ x, int64_t x_stride, const T* __restrict__ w, int64_t w_stride,
-                       const T* __restrict__ bias, int64_t bias_stride, T* __restrict__ out, int m, int n, int k,
-                       int split, int chunks_per_warp) {
-  __shared__ float partial[kMaxThreads / 32][kGemvMaxRows * kGroupRows];
+__device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
+  for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += static_cast<int>(blockDim.x)) {
+    copy16_async(sg + p * 8, static_cast<const T*>(a.norm_weight) + p * 8);
+  }
+}
+
+// kNorm, after the wait: every CTA stages the m rows of x (and of the residual) with cp.async, every copy in
+// flight at once, then a warp per row computes h, its rstd and the normalized row in place in sx (rms_norm's
+// roundings: norm.cu); CTA 0 also writes h. Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
+template <typename T>
+__device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const int packs = a.k / 8;
+  for (int i = tid; i < a.m * packs; i += threads) {
+    const int r = i / packs, p = i % packs;
+    copy16_async(sx + r * a.x_pitch + p * 8, static_cast<const T*>(a.x) + r * a.x_stride + p * 8);
+    if (a.residual) {
+      copy16_async(sr + r * a.x_pitch + p * 8, static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8);
+    }
+  }
+  copy_async_wait_all();
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32, warps = threads / 32;
+  for (int r = warp; r < a.m; r += warps) {
+    T* hs = sx + r * a.x_pitch;
+    float sum_sq = 0.f;
+    for (int p = lane; p < packs; p += 32) {
+      float h[8], res[8];
+      load8(hs + p * 8, h);
+      if (a.residual) {
+        load8(sr + r * a.x_pitch + p * 8, res);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[e] = to_acc(from_acc<T>(h[e] + res[e]));
+      }
+      alignas(16) T packed[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sum_sq += h[e] * h[e];
+        packed[e] = from_acc<T>(h[e]);
+      }
+      *reinterpret_cast<uint4*>(hs + p * 8) = *reinterpret_cast<const uint4*>(packed);
+      if (a.h_out && blockIdx.x == 0) {
+        *reinterpret_cast<uint4*>(static_cast<T*>(a.h_out) + static_cast<int64_t>(r) * a.k + p * 8) =
+            *reinterpret_cast<const uint4*>(packed);
+      }
+    }
+    const float rstd = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(a.k) + a.eps);
+    for (int p = lane; p < packs; p += 32) {  // each lane rereads only the packs it wrote
+      float h[8], g[8];
+      load8(hs + p * 8, h);
+      load8(sg + p * 8, g);
+      alignas(16) T packed[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) packed[e] = from_acc<T>(g[e] * to_acc(from_acc<T>(h[e] * rstd)));
+      *reinterpret_cast<uint4*>(hs + p * 8) = *reinterpret_cast<const uint4*>(packed);
+    }
+  }
+  __syncthreads();
+}
+
+// Grid: each CTA holds blockDim / 32 / split weight groups of 8 rows; warp w works on weight group w / split,
+// k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without SwiGLU
+// weight group i of the CTA is output group i; with it, weight groups 2i and 2i + 1 are the gate and the up
+// rows of output group i (one weight stream per warp either way: the registers of the plain GEMV).
+template <typename T, bool kNorm, bool kSwiGLU>
+__global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
+  constexpr int L = kLoadsInFlight;
+  constexpr int kStreams = kSwiGLU ? 2 : 1;
+  constexpr int kTile = kGemvMaxRows * kGroupRows;
+  __shared__ float partial[kMaxThreads / 32][kTile];
+  // kNorm: the staged x rows [m][x_pitch], the residual rows [m][x_pitch] (with a residual), the norm weight [k].
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const int groups_per_cta = static_cast<int>(blockDim.x) / 32 / split;
-  const int64_t group0 = static_cast<int64_t>(blockIdx.x) * groups_per_cta;
-  const int64_t row0 = (group0 + warp / split) * kGroupRows;
-  const int chunks = (k + kChunk - 1) / kChunk;
-  const int c_begin = (warp % split) * chunks_per_warp;
-  const int c_end = min(chunks, c_begin + chunks_per_warp);
+  const int weight_groups = static_cast<int>(blockDim.x) / 32 / a.split;
+  const int out_groups = weight_groups / kStreams;
+  const int64_t group0 = static_cast<int64_t>(blockIdx.x) * out_groups;  // the CTA's first output group
+  const int stream = (warp / a.split) % kStreams;                         // 0: plain / gate rows, 1: up rows
+  const int64_t row0 = (group0 + warp / a.split / kStreams) * kGroupRows;  // output column of this warp's row 0
+  const int chunks = (a.k + kChunk - 1) / kChunk;
+  const int c_begin = (warp % a.split) * a.chunks_per_warp;
+  const int c_end = min(chunks, c_begin + a.chunks_per_warp);
+  const bool live = row0 < a.n;  // warp-uniform: the last CTA may hold groups past n
 
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   // Rows past n (the last group) read row n - 1 again (L2 hits) and are never stored.
-  const T* w_lane = w + (row0 + g < n ? row0 + g : n - 1) * w_stride + t * 8;
-  uint4 wv[kLoadsInFlight];
-  auto load_weights = [&](int c0) {
-#pragma unroll
-    for (int j = 0; j < kLoadsInFlight; ++j) {
-      const int c = c0 + j;
-      // k % 8 == 0, so a lane's 8 elements lie wholly inside or wholly past k.
-      wv[j] = (c < c_end && c * kChunk + t * 8 < k) ? load_streamed(w_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
-    }
+  const int64_t row = (row0 + g < a.n ? row0 + g : a.n - 1) + (stream == 1 ? a.up_row0 : 0);
+  const T* w_lane = static_cast<const T*>(a.w) + row * a.w_stride + t * 8;
+  auto load = [&](int c) {
+    // k % 8 == 0, so a lane's 8 elements lie wholly inside or wholly past k.
+    return c < c_end && c * kChunk + t * 8 < a.k ? load_streamed(w_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
   };
-  // The weights are no kernel's output: the first batch streams in while the kernel before (chained
-  // launch, common.cuh) still finishes; x, the bias and out wait for it.
-  if (row0 < n) load_weights(c_begin);
+  uint4 wv[L];
+  // The weights are no kernel's output: the first window (and the norm weight) streams in while the kernel
+  // before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
+  if (live) {
+#pragma unroll
+    for (int j = 0; j < L; ++j) wv[j] = load(c_begin + j);
+  }
+  T* sx = reinterpret_cast<T*>(gemv_smem);
+  T* sr = sx + (a.residual ? a.m * a.x_pitch : 0);
+  T* sg = sr + a.m * a.x_pitch;
+  if constexpr (kNorm) stage_norm_weight(a, sg);
   wait_for_prior_grids();
   chain_next_grids();
-  if (row0 < n) {  // warp-uniform: the last CTA may hold groups past n
-    const T* x_lane = x + (g < m ? g : 0) * x_stride + t * 8;
-    const bool x_live = g < m;
-    for (int c0 = c_begin; c0 < c_end; c0 += kLoadsInFlight) {
-      if (c0 != c_begin) load_weights(c0);
+  if constexpr (kNorm) stage_normalized_x(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
+
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  if (live) {
+    const bool x_live = g < a.m;
+    const T* x_lane = kNorm ? sx + (x_live ? g : 0) * a.x_pitch + t * 8
+                            : static_cast<const T*>(a.x) + (x_live ? g : 0) * a.x_stride + t * 8;
+    for (int c0 = c_begin; c0 < c_end; c0 += L) {
 #pragma unroll
-      for (int j = 0; j < kLoadsInFlight; ++j) {
+      for (int j = 0; j < L; ++j) {
         const int c = c0 + j;
         if (c >= c_end) break;  // warp-uniform, as mma.sync needs
-        const uint4 xv = (x_live && c * kChunk + t * 8 < k) ? *reinterpret_cast<const uint4*>(x_lane + c * kChunk)
-                                                             : make_uint4(0, 0, 0, 0);
+        const uint4 xv = x_live && c * kChunk + t * 8 < a.k ? *reinterpret_cast<const uint4*>(x_lane + c * kChunk)
+                                                            : make_uint4(0, 0, 0, 0);
         // A rows g (x row g) and g + 8 (zero); k pairs (2t, 2t+8) <- elements (8t, 8t+2) then (8t+4, 8t+6).
         const uint32_t a_lo[4] = {xv.x, 0u, xv.y, 0u}, a_hi[4] = {xv.z, 0u, xv.w, 0u};
         attn::mma_16816<T>(d, a_lo, wv[j].x, wv[j].y);
         attn::mma_16816<T>(d, a_hi, wv[j].z, wv[j].w);
+        wv[j] = load(c + L);  // keep the window full
       }
     }
   }
@@ -122,15 +233,25 @@ __global__ void __launch_bounds__(kMaxThreads)
   partial[warp][g * kGroupRows + 2 * t] = d[0];
   partial[warp][g * kGroupRows + 2 * t + 1] = d[1];
   __syncthreads();
-  constexpr int kTile = kGemvMaxRows * kGroupRows;
-  for (int e = static_cast<int>(threadIdx.x); e < groups_per_cta * kTile; e += static_cast<int>(blockDim.x)) {
+  T* out = static_cast<T*>(a.out);
+  for (int e = static_cast<int>(threadIdx.x); e < out_groups * kTile; e += static_cast<int>(blockDim.x)) {
     const int group = e / kTile, b = e % kTile / kGroupRows, r = e % kGroupRows;
-    const int64_t row = (group0 + group) * kGroupRows + r;
-    if (b >= m || row >= n) continue;
-    float acc = 0.0f;
-    for (int s = 0; s < split; ++s) acc += partial[group * split + s][b * kGroupRows + r];  // fixed order
-    if (bias) acc += to_acc(bias[row * bias_stride]);
-    out[b * static_cast<int64_t>(n) + row] = from_acc<T>(acc);
+    const int64_t col = (group0 + group) * kGroupRows + r;
+    if (b >= a.m || col >= a.n) continue;
+    float acc[kStreams] = {};
+#pragma unroll
+    for (int s = 0; s < kStreams; ++s) {
+      const int first_warp = (group * kStreams + s) * a.split;
+      for (int split = 0; split < a.split; ++split) acc[s] += partial[first_warp + split][b * kGroupRows + r];
+    }
+    float y;
+    if constexpr (kSwiGLU) {  // swiglu of the rounded gate_up product (activation.cu's SwigluFn)
+      const float gate = to_acc(from_acc<T>(acc[0])), up = to_acc(from_acc<T>(acc[kStreams - 1]));
+      y = gate * math::sigmoid(gate) * up;
+    } else {
+      y = acc[0] + (a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.0f);
+    }
+    out[b * static_cast<int64_t>(a.n) + col] = from_acc<T>(y);
   }
 }
 
@@ -139,47 +260,107 @@ struct GemvLaunch {
   unsigned blocks;
 };
 
-// The launch shape from n, k and the SM count only (see the header comment, point 3).
-GemvLaunch plan_launch(int64_t n, int64_t k, int sms) {
+// The launch shape from n, k, the weight streams per output group and the SM count only (the header
+// comment, point 3). A CTA holds whole output groups: all their streams and k slices.
+GemvLaunch plan_launch(int64_t n, int64_t k, int streams, int sms) {
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows, chunks = (k + kChunk - 1) / kChunk;
-  const int64_t steps = (chunks + kLoadsInFlight - 1) / kLoadsInFlight;  // load batches of one unsplit warp
+  const int64_t windows = (chunks + kLoadsInFlight - 1) / kLoadsInFlight;  // load windows of one unsplit warp
+  const int64_t target = static_cast<int64_t>(sms) * kWarpsTarget;
   int split = 1;
-  while (split < kMaxSplit && split < steps && groups * split < static_cast<int64_t>(sms) * kWarpsTarget) split *= 2;
+  while (split < kMaxSplit / streams && split < windows && groups * streams * split < target) split *= 2;
   GemvLaunch l{};
   l.split = split;
-  // At least 4 warps a CTA; one row group from split 4 up, so that few row groups still spread over many SMs.
-  l.threads = 32 * std::max(split, 4);
+  // At least 4 warps a CTA; one output group from split 4 up, so that few groups still spread over many SMs.
+  l.threads = 32 * std::max(split * streams, 4);
   l.chunks_per_warp = static_cast<int>((chunks + split - 1) / split);
-  const int64_t groups_per_cta = l.threads / 32 / split;
+  const int64_t groups_per_cta = l.threads / 32 / split / streams;
   l.blocks = static_cast<unsigned>((groups + groups_per_cta - 1) / groups_per_cta);
   return l;
+}
+
+// The staged rows may pass the 48 KB of dynamic shared memory that needs no opt-in: allow kMaxStaged, once per
+// kernel (a host attribute, fine during graph capture). Kernels are few (the instantiations above).
+void allow_staged_smem(void (*kernel)(GemvArgs)) {
+  static std::mutex mutex;
+  static std::vector<void (*)(GemvArgs)> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (std::find(allowed.begin(), allowed.end(), kernel) != allowed.end()) return;
+  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStaged));
+  allowed.push_back(kernel);
+}
+
+// 16-byte loads of row-major rows: unit inner stride, aligned base, and whole 16-byte packs between the rows
+// that are read.
+bool rows_of_packs(const Tensor& t, int64_t rows) {
+  return t.stride(-1) == 1 && rows::aligned16(t.data_ptr()) && (rows <= 1 || t.stride(0) % 8 == 0);
 }
 
 }  // namespace
 
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const GemvNorm* norm, bool swiglu) {
   const DType dtype = out.dtype();
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   if (x.dim() != 2 || w.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || w.dtype() != dtype) return false;
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  const int64_t m = x.size(0), k = x.size(1), n = swiglu ? w.size(0) / 2 : w.size(0);
   if (m < 1 || m > kGemvMaxRows || k < 1 || k % 8 != 0 || w.size(1) != k || n < 1) return false;
-  if (n * k * static_cast<int64_t>(w.element_size()) > kMaxGemvBytes) return false;
-  if (out.size(0) != m || out.size(1) != n || !out.is_contiguous() || n >= INT_MAX || k >= INT_MAX) return false;
-  // 16-byte loads: unit inner strides, aligned base pointers, and row strides of whole 16-byte packs where a
-  // second row is read.
-  if (x.stride(1) != 1 || w.stride(1) != 1 || !rows::aligned16(x.data_ptr()) || !rows::aligned16(w.data_ptr())) {
+  if (swiglu && (bias != nullptr || w.size(0) % 2 != 0)) return false;
+  const bool folded = norm != nullptr || swiglu;
+  if (w.numel() * static_cast<int64_t>(w.element_size()) > (folded ? kMaxFoldedBytes : kMaxPlainBytes)) return false;
+  if (folded && m > kMaxFoldedRows) return false;
+  if (out.size(0) != m || out.size(1) != n || !out.is_contiguous() || w.size(0) >= INT_MAX || k >= INT_MAX) {
     return false;
   }
-  if ((m > 1 && x.stride(0) % 8 != 0) || (n > 1 && w.stride(0) % 8 != 0)) return false;
+  if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
+  const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
+  const int64_t staged_rows = norm && norm->residual.defined() ? 2 * m : m;
+  const size_t staged_bytes = norm ? static_cast<size_t>((staged_rows * x_pitch + k) * x.element_size()) : 0;
+  if (norm) {
+    const Tensor& res = norm->residual;
+    const Tensor& gamma = norm->weight;
+    if (staged_bytes > kMaxStaged || gamma.dim() != 1 || gamma.size(0) != k || gamma.dtype() != dtype ||
+        !rows_of_packs(gamma, 1)) {
+      return false;
+    }
+    if (res.defined() && (res.dtype() != dtype || res.dim() != 2 || res.size(0) != m || res.size(1) != k ||
+                          !rows_of_packs(res, m))) {
+      return false;
+    }
+    if (norm->h_out.defined() && (norm->h_out.dtype() != dtype || norm->h_out.numel() != m * k ||
+                                  !norm->h_out.is_contiguous() || !rows::aligned16(norm->h_out.data_ptr()))) {
+      return false;
+    }
+  }
   if (!decode_gemv()) return false;
 
-  const GemvLaunch l = plan_launch(n, k, multiprocessor_count(out.device().index));
+  GemvArgs a{};
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.w = w.data_ptr();
+  a.w_stride = w.stride(0);
+  a.bias = bias;
+  a.bias_stride = bias_stride;
+  a.out = out.data_ptr();
+  a.m = static_cast<int>(m);
+  a.n = static_cast<int>(n);
+  a.k = static_cast<int>(k);
+  a.up_row0 = n;
+  if (norm) {
+    a.residual = norm->residual.defined() ? norm->residual.data_ptr() : nullptr;
+    a.residual_stride = norm->residual.defined() ? norm->residual.stride(0) : 0;
+    a.norm_weight = norm->weight.data_ptr();
+    a.eps = static_cast<float>(norm->eps);
+    a.h_out = norm->h_out.defined() ? norm->h_out.data_ptr() : nullptr;
+    a.x_pitch = static_cast<int>(x_pitch);
+  }
+  const GemvLaunch l = plan_launch(n, k, swiglu ? 2 : 1, multiprocessor_count(out.device().index));
+  a.split = l.split;
+  a.chunks_per_warp = l.chunks_per_warp;
   auto launch = [&]<typename T>() {
-    launch_chained(decode_gemv_kernel<T>, l.blocks, l.threads, 0, stream, out.device().index,
-                   static_cast<const T*>(x.data_ptr()), x.stride(0), static_cast<const T*>(w.data_ptr()), w.stride(0),
-                   static_cast<const T*>(bias), bias_stride, static_cast<T*>(out.data_ptr()), static_cast<int>(m),
-                   static_cast<int>(n), static_cast<int>(k), l.split, l.chunks_per_warp);
+    auto kernel = norm ? (swiglu ? decode_gemv_kernel<T, true, true> : decode_gemv_kernel<T, true, false>)
+                       : (swiglu ? decode_gemv_kernel<T, false, true> : decode_gemv_kernel<T, false, false>);
+    allow_staged_smem(kernel);
+    launch_chained(kernel, l.blocks, l.threads, staged_bytes, stream, out.device().index, a);
   };
   if (dtype == DType::bf16) launch.template operator()<__nv_bfloat16>();
   else launch.template operator()<__half>();
@@ -187,3 +368,23 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 }
 
 }  // namespace microllm::cuda_kernels
+
+namespace microllm {
+
+// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition.
+void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                                  const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                                  const Tensor& h_out) {
+  {
+    cuda_kernels::OpScope scope("rms_norm_linear", device_, detail::current_cuda_stream(device_));
+    const cuda_kernels::Launch launch(out);
+    const cuda_kernels::GemvNorm norm{residual, norm_weight, eps, h_out};
+    if (cuda_kernels::try_decode_gemv(x, weight, bias.defined() ? bias.data_ptr() : nullptr,
+                                      bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, swiglu)) {
+      return;
+    }
+  }
+  Backend::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
+}
+
+}  // namespace microllm

@@ -1,5 +1,6 @@
 // The decode GEMV (internal header): out [m, n] = x [m, k] @ w [n, k]^T (+ bias) for m <= 8, the linear
-// layers of a decode step. Design and measurements: gemv.cu.
+// layers of a decode step, optionally with the RMSNorm before it and the SwiGLU after it folded in. Design and
+// measurements: gemv.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,12 +11,23 @@
 
 namespace microllm::cuda_kernels {
 
+// The RMSNorm folded into the GEMV's x: h = x + residual (residual undefined: h = x), x' = rms_norm(h) * weight
+// [k] with eps (the rounding of rms_norm); h_out (may be undefined) [m, k] contiguous receives h.
+struct GemvNorm {
+  Tensor residual;
+  Tensor weight;
+  double eps = 0.0;
+  Tensor h_out;
+};
+
 // Runs the product with the weight-streaming GEMV and returns true when it is one the kernel takes: f16/bf16,
 // 2-D x [m, k] with 1 <= m <= 8, w [n, k] (the transposed operand of a linear layer), k % 8 == 0, unit inner
 // strides, 16-byte aligned rows, out [m, n] contiguous, and decode_gemv() on (MICROLLM_GEMV). bias (may be
-// null) has out's dtype and bias_stride elements between entries. False: nothing was launched, the caller
-// runs cuBLASLt. Launches only (no allocation, no synchronization): safe inside CUDA graph capture.
+// null) has out's dtype and bias_stride elements between entries. norm (may be null): the RMSNorm folded in
+// (its tensors of x's dtype, 16-byte aligned rows, m * k small enough to stage). swiglu: w is [2n, k] =
+// [w_gate; w_up], no bias, and out [m, n] = silu(x w_gate^T) * (x w_up^T). False: nothing was launched, the
+// caller runs the unfused ops. Launches only (no allocation, no synchronization): safe inside graph capture.
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream);
+                     cudaStream_t stream, const GemvNorm* norm = nullptr, bool swiglu = false);
 
 }  // namespace microllm::cuda_kernels

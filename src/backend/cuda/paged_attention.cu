@@ -49,7 +49,7 @@ using detail::report_device_error;
 constexpr int kStagedThreads = 256;  // the staged kernel
 constexpr int kStagedWarps = kStagedThreads / 32;
 constexpr int kSmallThreads = 128;  // the combine and simple kernels (write/gather use common.cuh's kThreads)
-constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head)
+constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head); 1 when the grid would be small
 constexpr int kMaxChunk = 256;
 constexpr int kMinSplitChunk = 64;
 constexpr int64_t kStageBudget = 96 * 1024;  // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
@@ -146,9 +146,8 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
 // [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
 // one flag per key (its block id is bad).
-template <typename T, bool kDirect, bool kFused>
+template <typename T, int R, bool kDirect, bool kFused>
 __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
-  constexpr int R = kRowsPerCta;
   extern __shared__ __align__(16) unsigned char paged_smem[];
   const int D = a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
   T* sk = reinterpret_cast<T*>(paged_smem);
@@ -467,18 +466,18 @@ bool fast_layout(const Tensor& pool) {
 // Whether the staged kernel takes these shapes: both pools' layouts, the grid's x extent (tokens x kv heads x
 // row blocks) and the combine kernel's split limit; otherwise the simple kernel (or, fused, the separate ops).
 bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, int64_t max_context) {
-  const int64_t kv_heads = k_pool.size(2), row_blocks = (q.size(1) / kv_heads + kRowsPerCta - 1) / kRowsPerCta;
-  return fast_layout(k_pool) && fast_layout(v_pool) && q.size(0) * kv_heads * row_blocks < (int64_t{1} << 31) &&
+  // The largest grid x: one query head per CTA (tokens x q heads).
+  return fast_layout(k_pool) && fast_layout(v_pool) && q.size(0) * q.size(1) < (int64_t{1} << 31) &&
          (max_context + 31) / 32 <= kMaxSplits;
 }
 
 
 // The staged kernel's dynamic shared memory may exceed the 48 KiB that needs no opt-in: allow the most any
 // launch asks for, once per instantiation (outside any graph capture's stream work: it is a host attribute).
-template <typename T, bool kDirect, bool kFused>
+template <typename T, int R, bool kDirect, bool kFused>
 void allow_staged_smem() {
   static const bool done = [] {
-    MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(paged_staged_kernel<T, kDirect, kFused>,
+    MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(paged_staged_kernel<T, R, kDirect, kFused>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
@@ -486,12 +485,13 @@ void allow_staged_smem() {
 }
 
 // paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
-template <typename T, bool kFused>
-void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
-                   cudaStream_t stream) {
+template <typename T, int R, bool kFused>
+void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                        cudaStream_t stream) {
   const int device = dev.index;
   const int64_t rows = tokens * a.q_heads;
   // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
+  a.row_blocks = (a.group + R - 1) / R;
   a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
   const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
   const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, kStageBudget / row_bytes) / 32 * 32);
@@ -508,13 +508,12 @@ void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t ma
   a.chunk = static_cast<int>(chunk);
   a.n_split = static_cast<int>(n_split);
   a.stage_bytes = static_cast<int>(
-      std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * kRowsPerCta * a.dim * 4) + 15) / 16 * 16;
-  const size_t smem =
-      static_cast<size_t>(a.stage_bytes) + (kRowsPerCta * (a.dim + chunk) + 2 * kRowsPerCta + chunk) * sizeof(float);
+      std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
+  const size_t smem = static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    allow_staged_smem<T, true, kFused>();
-    launch_chained(paged_staged_kernel<T, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
+    allow_staged_smem<T, R, true, kFused>();
+    launch_chained(paged_staged_kernel<T, R, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
     return;
   }
   const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
@@ -523,11 +522,27 @@ void launch_staged(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t ma
   a.part_o = part_o.data<float>();
   a.part_m = part_m.data<float>();
   a.part_l = part_l.data<float>();
-  allow_staged_smem<T, false, kFused>();
-  launch_chained(paged_staged_kernel<T, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
+  allow_staged_smem<T, R, false, kFused>();
+  launch_chained(paged_staged_kernel<T, R, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
   const size_t combine_smem = (n_split + 32) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
   launch_chained(paged_combine_kernel<T>, blocks, kSmallThreads, combine_smem, stream, device, a, rows);
+}
+
+// Rows per CTA: a whole GQA group (up to 8 query heads share each staged key) when the grid fills the GPU
+// anyway, through many tokens or a long context's splits; one query head per CTA when tokens x kv heads is
+// small and the context fits one chunk (a batch-1 decode step: 2 CTAs of 8 rows on 132 SMs otherwise), so
+// each CTA does an eighth of the score and P.V work and the group's heads run side by side (the K/V rows they
+// share come from L2 after the first).
+template <typename T, bool kFused>
+void launch_staged(const PagedArgs& a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                   cudaStream_t stream) {
+  const int64_t grouped_ctas = tokens * a.kv_heads * ((a.group + kRowsPerCta - 1) / kRowsPerCta);
+  if (a.group > 1 && grouped_ctas < sms && max_context <= kMaxChunk) {
+    launch_staged_rows<T, 1, kFused>(a, freq, tokens, max_context, sms, dev, stream);
+  } else {
+    launch_staged_rows<T, kRowsPerCta, kFused>(a, freq, tokens, max_context, sms, dev, stream);
+  }
 }
 
 // The arguments every attention kernel reads.
