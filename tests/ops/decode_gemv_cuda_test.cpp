@@ -177,8 +177,8 @@ TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
       }
     }
   }
-  // Three rows: every CTA would normalize them all, so the folded GEMV declines (rms_norm_linear then runs
-  // the separate kernels) and launches nothing.
+  // Three rows: every CTA would normalize them all (gemv.cu: kMaxFoldedRows), so the folded GEMV declines
+  // (rms_norm_linear then runs the separate kernels) and launches nothing.
   const PoisonedOut refused(3, 1152, dtype());
   const cuda_kernels::GemvNorm norm{Tensor(), rand({896}).to(kGpu), kEps, Tensor()};
   EXPECT_FALSE(cuda_kernels::try_decode_gemv(rand({3, 896}).to(kGpu), rand({1152, 896}).to(kGpu), nullptr, 0,

@@ -18,9 +18,8 @@
 #   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64 workload) on Qwen2.5-0.5B and R1-1.5B with
 #                    every decode switch on, then MICROLLM_PDL=0, then MICROLLM_GEMV=0 (and DECODE_AB_EXTRA's
 #                    VAR=value switches); cuda_ops_bench's
-#                    decode_linear (GEMV vs cuBLASLt, weights from DRAM) and decode_step rows
-#   gemv-sweep       cuda_ops_bench decode_linear / decode_norm_linear (GEMV vs cuBLASLt) for each
-#                    MICROLLM_GEMV_LOADS:MICROLLM_GEMV_WARPS in GEMV_SWEEP
+#                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
+#                    from DRAM) and decode_step rows
 #   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
 #   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
@@ -193,26 +192,6 @@ step_decode_ab() {
   echo "== cuda_ops_bench --filter decode_: exit $?"; cut -c1-230 "$RES/decode_ops.jsonl"
 }
 
-# The GEMV's tuning (gemv.cu) against cuBLASLt, weights from DRAM: cuda_ops_bench decode_linear and
-# decode_norm_linear for each LOADS:WARPS of GEMV_SWEEP (MICROLLM_GEMV_LOADS, MICROLLM_GEMV_WARPS), every
-# weight size on the GEMV (MICROLLM_GEMV_MAX_MB=1024).
-step_gemv_sweep() {
-  local setting
-  for setting in ${GEMV_SWEEP:-8:16 8:32 16:16}; do
-    MICROLLM_GEMV_LOADS=${setting%%:*} MICROLLM_GEMV_WARPS=${setting##*:} MICROLLM_GEMV_MAX_MB=1024 timeout 150 \
-      "$bin/cuda_ops_bench" --filter decode_ --reps 20 > "$RES/gemv_sweep_$setting.jsonl" 2>&1
-    echo "== loads:warps $setting: exit $?"
-    python3 - "$RES/gemv_sweep_$setting.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{") and "cublaslt_ms" in line:
-        r = json.loads(line)
-        print("%-32s %-12s m%-2d gemv %7.2f us %5.2f TB/s  separate %7.2f us  x%.2f" % (r["op"], r["model"][:12],
-              r["tokens"], r["ms"] * 1e3, r["gemv_tbps"], r["cublaslt_ms"] * 1e3, r["speedup"]))
-PY
-  done
-}
-
 # Where a prefill's time goes: per-op CUDA event times of pp2048 on the R1-Distill-1.5B config.
 step_prefill_profile() {
   timeout 200 "$bin/microllm" bench --config tests/fixtures/configs/deepseek-r1-distill-qwen-1.5b.json --device cuda \
@@ -304,7 +283,6 @@ for step in "${steps[@]}"; do
     engine-bench) step_engine_bench ;;
     engine-profile) step_engine_profile ;;
     decode-ab) step_decode_ab ;;
-    gemv-sweep) step_gemv_sweep ;;
     prefill-profile) step_prefill_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;

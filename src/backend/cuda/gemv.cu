@@ -33,10 +33,13 @@
 // Where it runs (cuda_ops_bench --filter decode_linear / decode_norm_linear, weights from DRAM; figures in
 // docs/perf/inference.md): a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down are
 // 1.2-1.9x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x).
-// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.6 us where
-// rms_norm + GEMV take 7.9, and Qwen2.5-0.5B's folded gate_up (17.4 MB) lifted batch-1 decode by 10% although
-// its stream is slower than cuBLASLt's; at m = 8 every CTA normalizing all 8 rows made it slower than the
-// separate kernels (qkv 8.8 vs 8.3 us, gate_up 21.9 vs 12.6 us).
+// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2), and with the RMSNorm only while CTAs x m x k
+// (the normalizing every CTA repeats) stays under kMaxNormWork (4 M): at m = 1 the folded qkv takes 4.6 us
+// where rms_norm + GEMV take 7.9 (R1-1.5B 6.4 vs 10.3), the folded gate_up 10.7 vs 11.0, and Qwen2.5-0.5B's
+// folded gate_up (17.4 MB) lifted batch-1 decode by 10% although its stream is slower than cuBLASLt's. R1-1.5B's
+// gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its batch-1 decode 6% slower (557 vs 594
+// tok/s), hence 32 MB. At m = 8 the 608 CTAs of gate_up (4.4 M) take 21.9 us where the separate kernels take
+// 12.6, and even the folded qkv (1.0 M; 7.6-8.7 vs 8.3 us alone) made Qwen2.5-0.5B's batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include "gemv.h"
@@ -69,7 +72,9 @@ constexpr int kWarpsTarget = 16;   // warps per SM the split aims for (32 measur
 // Where the GEMV runs (the header comment, "Where it runs"):
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
-constexpr int64_t kMaxFoldedRows = 2;          // ... pay for a slower stream, but every CTA normalizes all m rows
+                                               // pay for a slower stream, up to a point
+constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
+constexpr int64_t kMaxNormWork = 4 << 20;      // CTAs x m x k, the normalizing all CTAs repeat, at most
 
 // A weight load: read once, so no L1 line; the 256-byte L2 prefetch brings the lane's next chunks along.
 __device__ __forceinline__ uint4 load_streamed(const void* p) {
@@ -332,6 +337,8 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     }
   }
   if (!decode_gemv()) return false;
+  const GemvLaunch l = plan_launch(n, k, swiglu ? 2 : 1, multiprocessor_count(out.device().index));
+  if (norm && int64_t{l.blocks} * m * k > kMaxNormWork) return false;
 
   GemvArgs a{};
   a.x = x.data_ptr();
@@ -353,7 +360,6 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     a.h_out = norm->h_out.defined() ? norm->h_out.data_ptr() : nullptr;
     a.x_pitch = static_cast<int>(x_pitch);
   }
-  const GemvLaunch l = plan_launch(n, k, swiglu ? 2 : 1, multiprocessor_count(out.device().index));
   a.split = l.split;
   a.chunks_per_warp = l.chunks_per_warp;
   auto launch = [&]<typename T>() {

@@ -53,6 +53,8 @@ constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head); 1 w
 constexpr int kMaxChunk = 256;
 constexpr int kMinSplitChunk = 64;
 constexpr int64_t kStageBudget = 96 * 1024;  // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
+constexpr int64_t kStageBudgetAlone = 144 * 1024;  // one query head per CTA (a small grid): one CTA per SM is
+                                                   // fine, and 256 keys of D 128 fit one split (no combine)
 constexpr int kMaxFastDim = 256;
 constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
@@ -494,7 +496,8 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   a.row_blocks = (a.group + R - 1) / R;
   a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
   const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
-  const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, kStageBudget / row_bytes) / 32 * 32);
+  const int64_t budget = R == 1 ? kStageBudgetAlone : kStageBudget;
+  const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / row_bytes) / 32 * 32);
   const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
   int64_t chunk = cap;
   if (max_context <= cap) {
