@@ -39,7 +39,8 @@
 // folded gate_up (17.4 MB) lifted batch-1 decode by 10% although its stream is slower than cuBLASLt's. R1-1.5B's
 // gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its batch-1 decode 6% slower (557 vs 594
 // tok/s), hence 32 MB. At m = 8 the 608 CTAs of gate_up (4.4 M) take 21.9 us where the separate kernels take
-// 12.6, and even the folded qkv (1.0 M; 7.6-8.7 vs 8.3 us alone) made Qwen2.5-0.5B's batch-8 decode 14% slower.
+// 12.6, and even the folded qkv (1.0 M: 8.7 us where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's
+// batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include "gemv.h"
