@@ -15,6 +15,21 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// fn on each of the V elements of one pack of every input, in f32 (f64 for f64).
+template <typename T, int NIN, int NOUT, int V, typename Fn>
+__device__ __forceinline__ void apply_to_packs(const Pack<V, T> (&in)[NIN], Pack<V, T> (&result)[NOUT], const Fn& fn) {
+  using A = acc_t<T>;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    A args[NIN], res[NOUT];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) args[k] = to_acc(in[k].v[j]);
+    fn(args, res);
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) result[k].v[j] = from_acc<T>(res[k]);
+  }
+}
+
 // Vectorized: every operand contiguous and aligned; thread t handles elements [t*V, t*V+V).
 template <typename T, int NIN, int NOUT, int V, typename Fn>
 __global__ void gated_contiguous(const std::array<T*, NOUT> outs, const std::array<const T*, NIN> ins, int64_t n,
@@ -28,15 +43,7 @@ __global__ void gated_contiguous(const std::array<T*, NOUT> outs, const std::arr
 #pragma unroll
     for (int k = 0; k < NIN; ++k) in[k] = reinterpret_cast<const Pack<V, T>*>(ins[k])[p];
     Pack<V, T> result[NOUT];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A args[NIN], res[NOUT];
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) args[k] = to_acc(in[k].v[j]);
-      fn(args, res);
-#pragma unroll
-      for (int k = 0; k < NOUT; ++k) result[k].v[j] = from_acc<T>(res[k]);
-    }
+    apply_to_packs(in, result, fn);
 #pragma unroll
     for (int k = 0; k < NOUT; ++k) reinterpret_cast<Pack<V, T>*>(outs[k])[p] = result[k];
   }
@@ -58,7 +65,6 @@ __global__ void gated_contiguous(const std::array<T*, NOUT> outs, const std::arr
 template <typename T, int NIN, int NOUT, int V, typename Fn>
 __global__ void gated_rows(const std::array<T*, NOUT> outs, const std::array<const T*, NIN> ins,
                            const std::array<int64_t, NIN + NOUT> row_stride, int64_t rows, int64_t cols, Fn fn) {
-  using A = acc_t<T>;
   const int64_t packs_per_row = cols / V;
   wait_for_prior_grids();
   chain_next_grids();
@@ -68,15 +74,7 @@ __global__ void gated_rows(const std::array<T*, NOUT> outs, const std::array<con
 #pragma unroll
     for (int k = 0; k < NIN; ++k) in[k] = *reinterpret_cast<const Pack<V, T>*>(ins[k] + row * row_stride[NOUT + k] + col);
     Pack<V, T> result[NOUT];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A args[NIN], res[NOUT];
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) args[k] = to_acc(in[k].v[j]);
-      fn(args, res);
-#pragma unroll
-      for (int k = 0; k < NOUT; ++k) result[k].v[j] = from_acc<T>(res[k]);
-    }
+    apply_to_packs(in, result, fn);
 #pragma unroll
     for (int k = 0; k < NOUT; ++k) *reinterpret_cast<Pack<V, T>*>(outs[k] + row * row_stride[k] + col) = result[k];
   }
