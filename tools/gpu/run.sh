@@ -21,6 +21,8 @@
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
 #   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config
+#   gemv-profile     Nsight Compute sections of the decode GEMV and of cuBLASLt on one cuda_ops_bench row
+#                    (GEMV_PROFILE_OP, default Qwen2.5-0.5B's folded gate_up)
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
 #   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
 #                    when ncu exists, every kernel of a few B1 decode steps timed alone (NCU_KERNELS, NCU_BATCH)
@@ -192,6 +194,26 @@ step_decode_ab() {
   echo "== cuda_ops_bench --filter decode_: exit $?"; cut -c1-230 "$RES/decode_ops.jsonl"
 }
 
+# Why the GEMV streams mid-size weights slower than cuBLASLt (docs/perf/inference.md): Nsight Compute's
+# throughput, occupancy, warp-stall and launch sections for GEMV_PROFILE_OP through the GEMV and through
+# cuBLASLt, weights from DRAM. The default, Qwen2.5-0.5B's folded gate_up (17.4 MB, batch 1), is the largest
+# weight the GEMV takes (gemv.cu's limits); GEMV off, the same row runs cuBLASLt's GEMM.
+step_gemv_profile() {
+  local ncu_bin op=${GEMV_PROFILE_OP:-decode_norm_linear/gate_up_swiglu qwen2.5}
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -z "$ncu_bin" ]; then echo "== no ncu on this machine"; return; fi
+  local sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats
+                  --section LaunchStats)
+  timeout 200 "$ncu_bin" --graph-profiling node "${sections[@]}" --kernel-name regex:decode_gemv --launch-count 2 \
+    "$bin/cuda_ops_bench" --filter "$op" --reps 2 > "$RES/ncu_gemv.txt" 2> "$RES/logs/ncu_gemv.log"
+  echo "== ncu GEMV ($op): exit $?"
+  timeout 200 "$ncu_bin" --graph-profiling node "${sections[@]}" --kernel-name 'regex:gemm|Gemm|xmma|cutlass' \
+    --launch-count 2 "$bin/cuda_ops_bench" --filter "$op" --reps 2 > "$RES/ncu_cublaslt.txt" 2> "$RES/logs/ncu_lt.log"
+  echo "== ncu cuBLASLt ($op): exit $?"
+  grep -hE "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Theoretical Occupancy" \
+    "$RES/ncu_gemv.txt" "$RES/ncu_cublaslt.txt" | head -60
+}
+
 # Where a prefill's time goes: per-op CUDA event times of pp2048 on the R1-Distill-1.5B config.
 step_prefill_profile() {
   timeout 200 "$bin/microllm" bench --config tests/fixtures/configs/deepseek-r1-distill-qwen-1.5b.json --device cuda \
@@ -284,6 +306,7 @@ for step in "${steps[@]}"; do
     engine-profile) step_engine_profile ;;
     decode-ab) step_decode_ab ;;
     prefill-profile) step_prefill_profile ;;
+    gemv-profile) step_gemv_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;
     infer-serve) step_infer_serve ;;
