@@ -237,13 +237,24 @@ void decode_step_ops(const Model& m) {
               [&] { embedding(embed, seq.reshape({1, 1})); });
 }
 
-// The four projections of a decode step (m = 1 and 8 rows) with their weights coming from DRAM, through
-// cuBLASLt (decode_gemv() off) and through the GEMV (src/backend/cuda/gemv.cu): each call reads the next of
-// enough weight copies that together they exceed 200 MB (4x the 50 MB L2), so no call finds its weights in
-// L2; the calls over all copies are captured in one CUDA graph, replayed, and timed per call (no host launch
-// cost, as in the engine's graphs). op "decode_linear/<qkv|o|gate_up|down>"; "ms" is the GEMV's time (the
-// path the model takes), "cublaslt_ms" the other, "speedup" = cublaslt_ms / gemv_ms, "*_tbps" the weight
-// bytes per second.
+// Enough copies of a [rows, cols] bf16 weight that together they exceed 200 MB (4x the 50 MB L2), made on
+// `stream`: a graph that reads the next copy on each call never finds its weight in L2.
+std::vector<Tensor> cold_weight_copies(int64_t rows, int64_t cols, const cuda::Stream& stream) {
+  constexpr double kColdBytes = 200e6;
+  const int copies = static_cast<int>(kColdBytes / (2.0 * rows * cols)) + 2;
+  std::vector<Tensor> weights;
+  cuda::StreamGuard on(stream);
+  for (int i = 0; i < copies; ++i) weights.push_back(random({rows, cols}, DType::bf16, -0.05, 0.05));
+  return weights;
+}
+
+// The projections of a decode step and the head (m = 1 and 8 rows) with their weights coming from DRAM,
+// through cuBLASLt (decode_gemv() off) and with the GEMV on (src/backend/cuda/gemv.cu; past its size limit
+// that is cuBLASLt too): each call reads the next of cold_weight_copies, so no call finds its weights in L2;
+// the calls over all copies are captured in one CUDA graph, replayed, and timed per call (no host launch
+// cost, as in the engine's graphs). op "decode_linear/<qkv|o|gate_up|down|head>"; "ms" is the GEMV-on time
+// (the path the model takes), "cublaslt_ms" the other, "speedup" = cublaslt_ms / gemv_ms, "*_tbps" the
+// weight bytes per second.
 void decode_linear_ops(const Model& m) {
   const int64_t q = m.heads * m.head_dim, qkv = q + 2 * m.kv_heads * m.head_dim;
   struct Projection {
@@ -256,7 +267,6 @@ void decode_linear_ops(const Model& m) {
                                     {"gate_up", 2 * m.intermediate, m.hidden, false},
                                     {"down", m.hidden, m.intermediate, false},
                                     {"head", m.vocab, m.hidden, false}};
-  constexpr double kColdBytes = 200e6;
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
   const bool was = decode_gemv();
@@ -265,12 +275,11 @@ void decode_linear_ops(const Model& m) {
       const std::string op = str_cat("decode_linear/", p.name);
       if (!selected(op, m.name)) continue;
       const double weight_bytes = 2.0 * p.n * p.k;
-      const int copies = static_cast<int>(kColdBytes / weight_bytes) + 2;
-      std::vector<Tensor> weights;
+      const std::vector<Tensor> weights = cold_weight_copies(p.n, p.k, stream);
+      const int copies = static_cast<int>(weights.size());
       Tensor x, bias;
       {
         cuda::StreamGuard on(stream);
-        for (int i = 0; i < copies; ++i) weights.push_back(random({p.n, p.k}, DType::bf16, -0.05, 0.05));
         x = random({rows, p.k});
         if (p.bias) bias = random({p.n});
       }
@@ -306,7 +315,6 @@ void decode_norm_linear_ops(const Model& m) {
     bool bias, swiglu;
   };
   const Step steps[] = {{"qkv", qkv, true, false}, {"gate_up_swiglu", 2 * m.intermediate, false, true}};
-  constexpr double kColdBytes = 200e6;
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
   const bool was = decode_gemv();
@@ -315,12 +323,11 @@ void decode_norm_linear_ops(const Model& m) {
       const std::string op = str_cat("decode_norm_linear/", p.name);
       if (!selected(op, m.name)) continue;
       const double weight_bytes = 2.0 * p.weight_rows * m.hidden;
-      const int copies = static_cast<int>(kColdBytes / weight_bytes) + 2;
-      std::vector<Tensor> weights;
+      const std::vector<Tensor> weights = cold_weight_copies(p.weight_rows, m.hidden, stream);
+      const int copies = static_cast<int>(weights.size());
       Tensor x, residual, gamma, bias;
       {
         cuda::StreamGuard on(stream);
-        for (int i = 0; i < copies; ++i) weights.push_back(random({p.weight_rows, m.hidden}, DType::bf16, -0.05, 0.05));
         x = random({rows, m.hidden});
         residual = random({rows, m.hidden});
         gamma = random({m.hidden}, DType::bf16, 0.5, 1.5);
