@@ -248,6 +248,22 @@ std::vector<Tensor> cold_weight_copies(int64_t rows, int64_t cols, const cuda::S
   return weights;
 }
 
+// Per-call ms of fn(i), i < calls, in one graph (graph_ms) with the decode GEMV off and then on; the setting is
+// put back after.
+struct OffOnMs {
+  double off, on;
+};
+OffOnMs gemv_off_and_on_ms(const cuda::Stream& stream, uint64_t pool, const std::function<void(int)>& fn, int calls) {
+  const bool was = decode_gemv();
+  OffOnMs ms{};
+  set_decode_gemv(false);
+  ms.off = graph_ms(stream, pool, fn, calls);
+  set_decode_gemv(true);
+  ms.on = graph_ms(stream, pool, fn, calls);
+  set_decode_gemv(was);
+  return ms;
+}
+
 // The projections of a decode step and the head (m = 1 and 8 rows) with their weights coming from DRAM,
 // through cuBLASLt (decode_gemv() off) and with the GEMV on (src/backend/cuda/gemv.cu; past its size limit
 // that is cuBLASLt too): each call reads the next of cold_weight_copies, so no call finds its weights in L2;
@@ -269,7 +285,6 @@ void decode_linear_ops(const Model& m) {
                                     {"head", m.vocab, m.hidden, false}};
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
-  const bool was = decode_gemv();
   for (const Projection& p : projections) {
     for (int64_t rows : {int64_t{1}, int64_t{8}}) {
       const std::string op = str_cat("decode_linear/", p.name);
@@ -284,12 +299,9 @@ void decode_linear_ops(const Model& m) {
         if (p.bias) bias = random({p.n});
       }
       stream.synchronize();
-      auto per_call_ms = [&](bool gemv) {
-        set_decode_gemv(gemv);
-        return graph_ms(stream, pool, [&](int i) { linear(x, weights[static_cast<size_t>(i)], bias); }, copies);
-      };
-      const double lt_ms = per_call_ms(false), gemv_ms = per_call_ms(true);
-      set_decode_gemv(was);
+      const OffOnMs ms = gemv_off_and_on_ms(
+          stream, pool, [&](int i) { linear(x, weights[static_cast<size_t>(i)], bias); }, copies);
+      const double lt_ms = ms.off, gemv_ms = ms.on;
       const double bytes = weight_bytes + 2.0 * rows * (p.k + p.n);
       std::printf(
           "{\"op\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, \"shape\": \"[%lld, %lld] x [%lld, %lld]^T%s, %d weight "
@@ -317,7 +329,6 @@ void decode_norm_linear_ops(const Model& m) {
   const Step steps[] = {{"qkv", qkv, true, false}, {"gate_up_swiglu", 2 * m.intermediate, false, true}};
   const cuda::Stream stream = cuda::Stream::create(0);
   const uint64_t pool = cuda::create_graph_pool();
-  const bool was = decode_gemv();
   for (const Step& p : steps) {
     for (int64_t rows : {int64_t{1}, int64_t{8}}) {
       const std::string op = str_cat("decode_norm_linear/", p.name);
@@ -334,15 +345,11 @@ void decode_norm_linear_ops(const Model& m) {
         if (p.bias) bias = random({p.weight_rows});
       }
       stream.synchronize();
-      auto per_call_ms = [&](bool gemv) {
-        set_decode_gemv(gemv);
-        return graph_ms(
-            stream, pool,
-            [&](int i) { rms_norm_linear(x, residual, gamma, 1e-6, weights[static_cast<size_t>(i)], bias, p.swiglu); },
-            copies);
-      };
-      const double separate_ms = per_call_ms(false), folded_ms = per_call_ms(true);
-      set_decode_gemv(was);
+      const OffOnMs ms = gemv_off_and_on_ms(
+          stream, pool,
+          [&](int i) { rms_norm_linear(x, residual, gamma, 1e-6, weights[static_cast<size_t>(i)], bias, p.swiglu); },
+          copies);
+      const double separate_ms = ms.off, folded_ms = ms.on;
       const int64_t n = p.swiglu ? p.weight_rows / 2 : p.weight_rows;
       const double bytes = weight_bytes + 2.0 * rows * (3 * m.hidden + n);
       std::printf(

@@ -80,18 +80,6 @@ __global__ void gated_rows(const std::array<T*, NOUT> outs, const std::array<con
   }
 }
 
-// The stride between rows of t seen as [rows, last dim] with a unit last-dim stride, or -1 when the leading
-// dims do not collapse into one (or the last dim is strided).
-int64_t row_stride_of(const Tensor& t) {
-  const int dims = t.dim();
-  if (dims == 0 || (t.size(-1) > 1 && t.stride(-1) != 1)) return -1;
-  if (dims == 1) return t.size(0);
-  for (int d = 0; d + 2 < dims; ++d) {
-    if (t.size(d) > 1 && t.stride(d) != t.stride(d + 1) * t.size(d + 1)) return -1;
-  }
-  return t.stride(dims - 2);
-}
-
 // Strided: operands 0..NOUT-1 of meta are the outputs, NOUT.. the inputs.
 template <typename T, int NIN, int NOUT, typename Fn>
 __global__ void gated_strided(const std::array<T*, NOUT> outs, const std::array<const T*, NIN> ins,
@@ -133,19 +121,19 @@ void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::arr
   }
   const StridedMeta<NIN + NOUT> meta = make_strided_meta<NIN + NOUT>(outputs[0]->shape(), strides);
   constexpr int V = 16 / sizeof(T);
-  const int64_t cols = outputs[0]->dim() > 0 ? outputs[0]->size(-1) : 1;
+  // The merged layout as rows of whole, aligned packs: [rows, cols] with a unit stride along cols.
   std::array<int64_t, NIN + NOUT> row_stride{};
-  bool rows_of_packs = aligned && cols % V == 0;
+  bool rows_of_packs = aligned && meta.rank == 2 && meta.shape[1] % V == 0;
   for (int k = 0; k < NIN + NOUT && rows_of_packs; ++k) {
-    row_stride[k] = row_stride_of(k < NOUT ? *outputs[k] : *inputs[k - NOUT]);
-    rows_of_packs = row_stride[k] >= 0 && row_stride[k] % V == 0;
+    row_stride[k] = meta.strides[k][0];
+    rows_of_packs = meta.strides[k][1] == 1 && row_stride[k] % V == 0;
   }
   if (all_contiguous(meta) && aligned) {
     launch_chained(gated_contiguous<T, NIN, NOUT, V, Fn>, grid_for(n / V + 1), kThreads, 0, launch.stream,
                    launch.device, outs, ins, n, fn);
   } else if (rows_of_packs) {
     launch_chained(gated_rows<T, NIN, NOUT, V, Fn>, grid_for(n / V), kThreads, 0, launch.stream, launch.device, outs,
-                   ins, row_stride, n / cols, cols, fn);
+                   ins, row_stride, meta.shape[0], meta.shape[1], fn);
   } else {
     gated_strided<T, NIN, NOUT><<<grid_for(n), kThreads, 0, launch.stream>>>(outs, ins, meta, n, fn);
   }

@@ -361,15 +361,6 @@ __global__ void reduce_splits_kernel(const float* __restrict__ part_k, const flo
   }
 }
 
-template <auto Kernel>
-void raise_smem_limit(int bytes, int device) {
-  static std::atomic<uint64_t> done{0};  // one bit per device (devices 0..63)
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if (done.load(std::memory_order_relaxed) & bit) return;
-  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit);
-}
-
 void strides3(const Tensor& t, int64_t (&s)[3]) {
   for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
 }

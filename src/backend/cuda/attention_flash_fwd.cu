@@ -258,15 +258,6 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
   }
 }
 
-template <auto Kernel>
-void raise_smem_limit(int bytes, int device) {
-  static std::atomic<uint64_t> done{0};  // one bit per device (devices 0..63)
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if (done.load(std::memory_order_relaxed) & bit) return;
-  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit);
-}
-
 template <typename T, int D, int BC, int NW, int MT>
 void launch_forward(const FwdArgs& args, int64_t batch, cudaStream_t stream, int device) {
   using Tile = FwdTile<D, BC, NW, MT>;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -199,6 +200,18 @@ bool all_contiguous(const StridedMeta<N>& meta) {
     if (meta.strides[k][0] != 1) return false;
   }
   return true;
+}
+
+// Raises Kernel's dynamic shared-memory limit to `bytes` (past the 48 KiB that need no opt-in) on `device`, the
+// current device, once per kernel and device: a host attribute, so it may run while a stream is being captured.
+// One size per kernel: later calls with other sizes do nothing, so pass the most any launch of it asks for.
+template <auto Kernel>
+void raise_smem_limit(int bytes, int device) {
+  static std::atomic<uint64_t> done{0};  // one bit per device (devices 0..63)
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit);
 }
 
 // ---- reductions inside a warp and a block ----

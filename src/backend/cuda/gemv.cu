@@ -33,22 +33,19 @@
 // Where it runs (cuda_ops_bench --filter decode_linear / decode_norm_linear, weights from DRAM; figures in
 // docs/perf/inference.md): a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down are
 // 1.2-1.9x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x).
-// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2), and with the RMSNorm only while CTAs x m x k
-// (the normalizing every CTA repeats) stays under kMaxNormWork (4 M): at m = 1 the folded qkv takes 4.6 us
+// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.6 us
 // where rms_norm + GEMV take 7.9 (R1-1.5B 6.4 vs 10.3), the folded gate_up 10.7 vs 11.0, and Qwen2.5-0.5B's
 // folded gate_up (17.4 MB) lifted batch-1 decode by 10% although its stream is slower than cuBLASLt's. R1-1.5B's
 // gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its batch-1 decode 6% slower (557 vs 594
-// tok/s), hence 32 MB. At m = 8 the 608 CTAs of gate_up (4.4 M) take 21.9 us where the separate kernels take
-// 12.6, and even the folded qkv (1.0 M: 8.7 us where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's
-// batch-8 decode 14% slower.
+// tok/s), hence 32 MB. At m = 8, where each of gate_up's 608 CTAs normalizes all 8 rows, the fold takes 21.9 us
+// where the separate kernels take 12.6, and even the folded qkv (8.7 us where rms_norm + the plain GEMV take
+// 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include "gemv.h"
 
-#include <algorithm>
 #include <climits>
-#include <mutex>
-#include <vector>
+#include <optional>
 
 #include "../elementwise_math.h"
 #include "attention_mma.cuh"
@@ -75,7 +72,6 @@ constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLA
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
                                                // pay for a slower stream, up to a point
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
-constexpr int64_t kMaxNormWork = 4 << 20;      // CTAs x m x k, the normalizing all CTAs repeat, at most
 
 // A weight load: read once, so no L1 line; the 256-byte L2 prefetch brings the lane's next chunks along.
 __device__ __forceinline__ uint4 load_streamed(const void* p) {
@@ -284,17 +280,6 @@ GemvLaunch plan_launch(int64_t n, int64_t k, int streams, int sms) {
   return l;
 }
 
-// The staged rows may pass the 48 KB of dynamic shared memory that needs no opt-in: allow kMaxStaged, once per
-// kernel (a host attribute, fine during graph capture). Kernels are few (the instantiations above).
-void allow_staged_smem(void (*kernel)(GemvArgs)) {
-  static std::mutex mutex;
-  static std::vector<void (*)(GemvArgs)> allowed;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (std::find(allowed.begin(), allowed.end(), kernel) != allowed.end()) return;
-  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStaged));
-  allowed.push_back(kernel);
-}
-
 // 16-byte loads of row-major rows: unit inner stride, aligned base, and whole 16-byte packs between the rows
 // that are read.
 bool rows_of_packs(const Tensor& t, int64_t rows) {
@@ -304,7 +289,7 @@ bool rows_of_packs(const Tensor& t, int64_t rows) {
 }  // namespace
 
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream, const GemvNorm* norm, bool swiglu) {
+                     cudaStream_t stream, const GemvNorm* norm, bool swiglu, const char* scope) {
   const DType dtype = out.dtype();
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   if (x.dim() != 2 || w.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || w.dtype() != dtype) return false;
@@ -339,7 +324,6 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   }
   if (!decode_gemv()) return false;
   const GemvLaunch l = plan_launch(n, k, swiglu ? 2 : 1, multiprocessor_count(out.device().index));
-  if (norm && int64_t{l.blocks} * m * k > kMaxNormWork) return false;
 
   GemvArgs a{};
   a.x = x.data_ptr();
@@ -363,14 +347,22 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   }
   a.split = l.split;
   a.chunks_per_warp = l.chunks_per_warp;
-  auto launch = [&]<typename T>() {
-    auto kernel = norm ? (swiglu ? decode_gemv_kernel<T, true, true> : decode_gemv_kernel<T, true, false>)
-                       : (swiglu ? decode_gemv_kernel<T, false, true> : decode_gemv_kernel<T, false, false>);
-    allow_staged_smem(kernel);
-    launch_chained(kernel, l.blocks, l.threads, staged_bytes, stream, out.device().index, a);
+  const int device = out.device().index;
+  std::optional<OpScope> op_scope;
+  if (scope) op_scope.emplace(scope, device, stream);
+  auto launch = [&]<typename T, bool kNorm, bool kSwiGLU>() {
+    // The staged rows may pass the 48 KB of dynamic shared memory that need no opt-in.
+    if constexpr (kNorm) raise_smem_limit<decode_gemv_kernel<T, kNorm, kSwiGLU>>(kMaxStaged, device);
+    launch_chained(decode_gemv_kernel<T, kNorm, kSwiGLU>, l.blocks, l.threads, staged_bytes, stream, device, a);
   };
-  if (dtype == DType::bf16) launch.template operator()<__nv_bfloat16>();
-  else launch.template operator()<__half>();
+  auto launch_folds = [&]<typename T>() {
+    if (norm && swiglu) launch.template operator()<T, true, true>();
+    else if (norm) launch.template operator()<T, true, false>();
+    else if (swiglu) launch.template operator()<T, false, true>();
+    else launch.template operator()<T, false, false>();
+  };
+  if (dtype == DType::bf16) launch_folds.template operator()<__nv_bfloat16>();
+  else launch_folds.template operator()<__half>();
   return true;
 }
 
@@ -383,14 +375,15 @@ void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const
                                   const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                   const Tensor& h_out) {
   {
-    cuda_kernels::OpScope scope("rms_norm_linear", device_, detail::current_cuda_stream(device_));
     const cuda_kernels::Launch launch(out);
     const cuda_kernels::GemvNorm norm{residual, norm_weight, eps, h_out};
     if (cuda_kernels::try_decode_gemv(x, weight, bias.defined() ? bias.data_ptr() : nullptr,
-                                      bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, swiglu)) {
+                                      bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, swiglu,
+                                      "rms_norm_linear")) {
       return;
     }
   }
+  // Declined: the separate kernels, each timed under its own op (rms_norm, matmul, swiglu).
   Backend::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
 }
 

@@ -25,9 +25,12 @@ struct GemvNorm {
 // strides, 16-byte aligned rows, out [m, n] contiguous, and decode_gemv() on (MICROLLM_GEMV). bias (may be
 // null) has out's dtype and bias_stride elements between entries. norm (may be null): the RMSNorm folded in
 // (its tensors of x's dtype, 16-byte aligned rows, m * k small enough to stage). swiglu: w is [2n, k] =
-// [w_gate; w_up], no bias, and out [m, n] = silu(x w_gate^T) * (x w_up^T). False: nothing was launched, the
-// caller runs the unfused ops. Launches only (no allocation, no synchronization): safe inside graph capture.
+// [w_gate; w_up], no bias, and out [m, n] = silu(x w_gate^T) * (x w_up^T). scope (may be null: the caller's
+// OpScope covers the call) names an OpScope opened around the launch only, so a declined call times nothing.
+// False: nothing was launched, the caller runs the unfused ops. Launches only (no allocation, no
+// synchronization): safe inside graph capture.
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream, const GemvNorm* norm = nullptr, bool swiglu = false);
+                     cudaStream_t stream, const GemvNorm* norm = nullptr, bool swiglu = false,
+                     const char* scope = nullptr);
 
 }  // namespace microllm::cuda_kernels

@@ -55,6 +55,7 @@ constexpr int kMinSplitChunk = 64;
 constexpr int64_t kStageBudget = 96 * 1024;  // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
 constexpr int64_t kStageBudgetAlone = 144 * 1024;  // one query head per CTA (a small grid): one CTA per SM is
                                                    // fine, and 256 keys of D 128 fit one split (no combine)
+constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory at most: the budget + its f32 rows
 constexpr int kMaxFastDim = 256;
 constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
@@ -79,7 +80,7 @@ struct PagedArgs {
   int q_heads, kv_heads, group, dim, block_size, num_blocks, num_seqs;
   int max_context;
   float scale;
-  int row_blocks;  // ceil(group / kRowsPerCta)
+  int row_blocks;  // ceil(group / R), R the rows per CTA the staged launch chose
   int chunk, n_split;
   int pitch;          // elements per staged K/V row: D plus 16 bytes, so a warp's rows spread over the banks
   int stage_bytes;    // the staged rows' region (the cross-warp sums reuse it)
@@ -474,18 +475,6 @@ bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, in
 }
 
 
-// The staged kernel's dynamic shared memory may exceed the 48 KiB that needs no opt-in: allow the most any
-// launch asks for, once per instantiation (outside any graph capture's stream work: it is a host attribute).
-template <typename T, int R, bool kDirect, bool kFused>
-void allow_staged_smem() {
-  static const bool done = [] {
-    MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(paged_staged_kernel<T, R, kDirect, kFused>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-    return true;
-  }();
-  (void)done;
-}
-
 // paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
 template <typename T, int R, bool kFused>
 void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
@@ -515,7 +504,7 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   const size_t smem = static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    allow_staged_smem<T, R, true, kFused>();
+    raise_smem_limit<paged_staged_kernel<T, R, true, kFused>>(kMaxStagedSmem, device);
     launch_chained(paged_staged_kernel<T, R, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
     return;
   }
@@ -525,7 +514,7 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   a.part_o = part_o.data<float>();
   a.part_m = part_m.data<float>();
   a.part_l = part_l.data<float>();
-  allow_staged_smem<T, R, false, kFused>();
+  raise_smem_limit<paged_staged_kernel<T, R, false, kFused>>(kMaxStagedSmem, device);
   launch_chained(paged_staged_kernel<T, R, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
   const size_t combine_smem = (n_split + 32) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
@@ -577,7 +566,6 @@ PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_
   a.num_seqs = static_cast<int>(std::min<int64_t>(block_tables.size(0), INT32_MAX));
   a.max_context = static_cast<int>(max_context);  // the op checked it fits i32
   a.scale = static_cast<float>(scale);
-  a.row_blocks = (a.group + kRowsPerCta - 1) / kRowsPerCta;
   a.out = out.data_ptr();
   a.error_word = error_word;
   return a;
