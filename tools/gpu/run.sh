@@ -5,7 +5,7 @@
 #   device run, carry [".device"], command: bash tools/gpu/run.sh STEP... | all
 # Steps run in the order given:
 #   tests            every *_tests program, CUDA cases only
-#   sanitize         compute-sanitizer memcheck + racecheck on the CUDA op suite (SANITIZE_FILTER: a gtest
+#   sanitize         compute-sanitizer memcheck + racecheck (SANITIZE_TOOLS) on the CUDA op suite (SANITIZE_FILTER: a gtest
 #                    filter), memcheck on the runtime
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
 #   oracle           tokenizer, training and model golden files (tests/fixtures/...); or one of
@@ -63,7 +63,7 @@ step_tests() {
 }
 
 step_sanitize() {
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/ops_tests" \
       --gtest_filter="${SANITIZE_FILTER:-Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*}" \
       --gtest_brief=1 \
@@ -207,7 +207,7 @@ step_gemv_profile() {
   timeout 200 "$ncu_bin" --graph-profiling node "${sections[@]}" --kernel-name regex:decode_gemv --launch-count 2 \
     "$bin/cuda_ops_bench" --filter "$op" --reps 2 > "$RES/ncu_gemv.txt" 2> "$RES/logs/ncu_gemv.log"
   echo "== ncu GEMV ($op): exit $?"
-  timeout 200 "$ncu_bin" --graph-profiling node "${sections[@]}" --kernel-name 'regex:gemm|Gemm|xmma|cutlass' \
+  timeout 200 "$ncu_bin" --graph-profiling node "${sections[@]}" --kernel-name 'regex:gemm|Gemm|xmma|cutlass|nvjet' \
     --launch-count 2 "$bin/cuda_ops_bench" --filter "$op" --reps 2 > "$RES/ncu_cublaslt.txt" 2> "$RES/logs/ncu_lt.log"
   echo "== ncu cuBLASLt ($op): exit $?"
   grep -hE "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Theoretical Occupancy" \
