@@ -89,6 +89,19 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
 }
+// cp.async groups: commit closes the group of the thread's copies issued since the last commit (an empty group
+// is allowed); wait_group<N> returns once at most N of the thread's most recent groups are still in flight.
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 __device__ __forceinline__ void copy_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -105,7 +118,8 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // port, or when the kernel was launched plainly.
 // Launches are chained only while the stream is being captured into a CUDA graph: the engine's decode
 // steps, where no kernel writes a weight, so a chained kernel may load its weights (RMSNorm's, a GEMV's)
-// before it waits. Outside a capture (training, prefill) every launch is plain and waits in stream order.
+// before it waits; paged_decode_attention likewise stages the KV cache's rows of earlier steps (the step's
+// positions and block tables are uploaded before the graph runs; no chained kernel writes them). Outside a capture (training, prefill) every launch is plain and waits in stream order.
 // MICROLLM_PDL=0 makes every launch plain (an A/B switch).
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

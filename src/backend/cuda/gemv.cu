@@ -63,23 +63,27 @@ constexpr int kGroupRows = 8;      // weight rows per warp: the mma's n
 constexpr int kChunk = 32;         // k per 16-byte load of every lane: 4 lanes x 8 elements per weight row
 constexpr int kMaxSplit = 16;      // warps per row group
 constexpr int kMaxThreads = 32 * kMaxSplit;
-constexpr int kMaxStaged = 96 * 1024;  // dynamic shared memory for the staged x, residual and norm weight
+constexpr int kMaxStaged = 64 * 1024;  // dynamic shared memory for the staged x, residual and norm weight
 
-constexpr int kLoadsInFlight = 8;  // 16-byte weight loads each lane keeps in flight (16: 122 registers, slower)
-constexpr int kWarpsTarget = 16;   // warps per SM the split aims for (32 measured slower on the large weights)
+constexpr int kRingSlots = 16;         // 16-byte weight chunks each lane keeps in flight, in shared memory
+constexpr int kRingBytesPerThread = kRingSlots * 16;
+constexpr int kMinChunksPerWarp = 8;   // the split leaves every warp at least this many chunks of its row
+constexpr int kWarpsTarget = 16;       // warps per SM the split aims for (32 measured slower on the large weights)
 // Where the GEMV runs (the header comment, "Where it runs"):
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
                                                // pay for a slower stream, up to a point
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
 
-// A weight load: read once, so no L1 line; the 256-byte L2 prefetch brings the lane's next chunks along.
-__device__ __forceinline__ uint4 load_streamed(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
+// A weight chunk into the lane's ring slot: cp.async, so no register is held while it is in flight (L1
+// bypassed: read once); the 256-byte L2 prefetch brings the lane's next chunks along.
+__device__ __forceinline__ void copy_weight_async(void* slot, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(slot));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *static_cast<uint4*>(slot) = *static_cast<const uint4*>(gmem);
+#endif
 }
 
 struct GemvArgs {
@@ -103,29 +107,34 @@ struct GemvArgs {
   int64_t up_row0;
 };
 
-// kNorm, before the wait: the norm weight (no kernel writes it) to shared memory, cp.async.
+// kNorm, before the wait: the norm weight (no kernel writes it) to shared memory, cp.async, as the thread's
+// first copy group (older than its ring's, so a wait for its ring's first chunk covers it).
 template <typename T>
 __device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
   for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += static_cast<int>(blockDim.x)) {
     copy16_async(sg + p * 8, static_cast<const T*>(a.norm_weight) + p * 8);
   }
+  copy_async_commit();
 }
 
-// kNorm, after the wait: every CTA stages the m rows of x (and of the residual) with cp.async, every copy in
-// flight at once, then a warp per row computes h, its rstd and the normalized row in place in sx (rms_norm's
-// roundings: norm.cu); CTA 0 also writes h. Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
+// kNorm, after the wait: every CTA stages the m rows of x (and of the residual) with plain 16-byte loads (a
+// cp.async would queue behind the ring's weight copies), then a warp per row computes h, its rstd and the
+// normalized row in place in sx (rms_norm's roundings: norm.cu); CTA 0 also writes h. Needs k % 8 == 0 and
+// 16-byte aligned rows (the host checks).
 template <typename T>
 __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
   const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   const int packs = a.k / 8;
   for (int i = tid; i < a.m * packs; i += threads) {
     const int r = i / packs, p = i % packs;
-    copy16_async(sx + r * a.x_pitch + p * 8, static_cast<const T*>(a.x) + r * a.x_stride + p * 8);
+    *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) =
+        *reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + r * a.x_stride + p * 8);
     if (a.residual) {
-      copy16_async(sr + r * a.x_pitch + p * 8, static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8);
+      *reinterpret_cast<uint4*>(sr + r * a.x_pitch + p * 8) =
+          *reinterpret_cast<const uint4*>(static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8);
     }
   }
-  copy_async_wait_all();
+  copy_async_wait_group<kRingSlots>();  // the norm weight: every group but the ring's kRingSlots
   __syncthreads();
   const int warp = tid / 32, lane = tid % 32, warps = threads / 32;
   for (int r = warp; r < a.m; r += warps) {
@@ -171,11 +180,11 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg)
 // rows of output group i (one weight stream per warp either way: the registers of the plain GEMV).
 template <typename T, bool kNorm, bool kSwiGLU>
 __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
-  constexpr int L = kLoadsInFlight;
   constexpr int kStreams = kSwiGLU ? 2 : 1;
   constexpr int kTile = kGemvMaxRows * kGroupRows;
   __shared__ float partial[kMaxThreads / 32][kTile];
-  // kNorm: the staged x rows [m][x_pitch], the residual rows [m][x_pitch] (with a residual), the norm weight [k].
+  // Every thread's weight ring [warps][kRingSlots][32 lanes] of 16 bytes; then, with kNorm, the staged x rows
+  // [m][x_pitch], the residual rows [m][x_pitch] (with a residual) and the norm weight [k].
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
@@ -192,21 +201,22 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   // Rows past n (the last group) read row n - 1 again (L2 hits) and are never stored.
   const int64_t row = (row0 + g < a.n ? row0 + g : a.n - 1) + (stream == 1 ? a.up_row0 : 0);
   const T* w_lane = static_cast<const T*>(a.w) + row * a.w_stride + t * 8;
-  auto load = [&](int c) {
-    // k % 8 == 0, so a lane's 8 elements lie wholly inside or wholly past k.
-    return c < c_end && c * kChunk + t * 8 < a.k ? load_streamed(w_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
+  // The lane's ring of kRingSlots chunks: chunk c in slot (c - c_begin) % kRingSlots, at ring[slot * 32].
+  uint4* ring = reinterpret_cast<uint4*>(gemv_smem) + warp * kRingSlots * 32 + lane;
+  // k % 8 == 0, so a lane's 8 elements of a chunk lie wholly inside or wholly past k.
+  auto chunk_live = [&](int c) { return live && c < c_end && c * kChunk + t * 8 < a.k; };
+  auto slot = [&](int c) { return ring + (c - c_begin) % kRingSlots * 32; };
+  auto fetch = [&](int c) {  // one copy group per chunk, empty past the slice: the waits below count groups
+    if (chunk_live(c)) copy_weight_async(slot(c), w_lane + c * kChunk);
+    copy_async_commit();
   };
-  uint4 wv[L];
-  // The weights are no kernel's output: the first window (and the norm weight) streams in while the kernel
-  // before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
-  if (live) {
-#pragma unroll
-    for (int j = 0; j < L; ++j) wv[j] = load(c_begin + j);
-  }
-  T* sx = reinterpret_cast<T*>(gemv_smem);
+  T* sx = reinterpret_cast<T*>(gemv_smem + blockDim.x * kRingBytesPerThread);
   T* sr = sx + (a.residual ? a.m * a.x_pitch : 0);
   T* sg = sr + a.m * a.x_pitch;
+  // The weights are no kernel's output: the norm weight and the ring's first kRingSlots chunks stream in while
+  // the kernel before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
   if constexpr (kNorm) stage_norm_weight(a, sg);
+  for (int j = 0; j < kRingSlots; ++j) fetch(c_begin + j);
   wait_for_prior_grids();
   chain_next_grids();
   if constexpr (kNorm) stage_normalized_x(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
@@ -216,19 +226,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
     const bool x_live = g < a.m;
     const T* x_lane = kNorm ? sx + (x_live ? g : 0) * a.x_pitch + t * 8
                             : static_cast<const T*>(a.x) + (x_live ? g : 0) * a.x_stride + t * 8;
-    for (int c0 = c_begin; c0 < c_end; c0 += L) {
-#pragma unroll
-      for (int j = 0; j < L; ++j) {
-        const int c = c0 + j;
-        if (c >= c_end) break;  // warp-uniform, as mma.sync needs
-        const uint4 xv = x_live && c * kChunk + t * 8 < a.k ? *reinterpret_cast<const uint4*>(x_lane + c * kChunk)
-                                                            : make_uint4(0, 0, 0, 0);
-        // A rows g (x row g) and g + 8 (zero); k pairs (2t, 2t+8) <- elements (8t, 8t+2) then (8t+4, 8t+6).
-        const uint32_t a_lo[4] = {xv.x, 0u, xv.y, 0u}, a_hi[4] = {xv.z, 0u, xv.w, 0u};
-        attn::mma_16816<T>(d, a_lo, wv[j].x, wv[j].y);
-        attn::mma_16816<T>(d, a_hi, wv[j].z, wv[j].w);
-        wv[j] = load(c + L);  // keep the window full
-      }
+    for (int c = c_begin; c < c_end; ++c) {  // warp-uniform bounds, as mma.sync needs
+      copy_async_wait_group<kRingSlots - 1>();  // chunk c has landed: only the kRingSlots - 1 after it may not
+      const bool in_k = c * kChunk + t * 8 < a.k;
+      const uint4 wv = in_k ? *slot(c) : make_uint4(0, 0, 0, 0);
+      const uint4 xv = x_live && in_k ? *reinterpret_cast<const uint4*>(x_lane + c * kChunk) : make_uint4(0, 0, 0, 0);
+      // A rows g (x row g) and g + 8 (zero); k pairs (2t, 2t+8) <- elements (8t, 8t+2) then (8t+4, 8t+6).
+      const uint32_t a_lo[4] = {xv.x, 0u, xv.y, 0u}, a_hi[4] = {xv.z, 0u, xv.w, 0u};
+      attn::mma_16816<T>(d, a_lo, wv.x, wv.y);
+      attn::mma_16816<T>(d, a_hi, wv.z, wv.w);
+      fetch(c + kRingSlots);  // into the slot just read (its value is in registers, consumed above)
     }
   }
   // d[0], d[1] = (x row g, weight row 2t / 2t + 1 of the group); d[2], d[3] belong to A's zero rows.
@@ -266,7 +273,7 @@ struct GemvLaunch {
 // comment, point 3). A CTA holds whole output groups: all their streams and k slices.
 GemvLaunch plan_launch(int64_t n, int64_t k, int streams, int sms) {
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows, chunks = (k + kChunk - 1) / kChunk;
-  const int64_t windows = (chunks + kLoadsInFlight - 1) / kLoadsInFlight;  // load windows of one unsplit warp
+  const int64_t windows = (chunks + kMinChunksPerWarp - 1) / kMinChunksPerWarp;  // the most slices k allows
   const int64_t target = static_cast<int64_t>(sms) * kWarpsTarget;
   int split = 1;
   while (split < kMaxSplit / streams && split < windows && groups * streams * split < target) split *= 2;
@@ -351,9 +358,10 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   std::optional<OpScope> op_scope;
   if (scope) op_scope.emplace(scope, device, stream);
   auto launch = [&]<typename T, bool kNorm, bool kSwiGLU>() {
-    // The staged rows may pass the 48 KB of dynamic shared memory that need no opt-in.
-    if constexpr (kNorm) raise_smem_limit<decode_gemv_kernel<T, kNorm, kSwiGLU>>(kMaxStaged, device);
-    launch_chained(decode_gemv_kernel<T, kNorm, kSwiGLU>, l.blocks, l.threads, staged_bytes, stream, device, a);
+    // The rings of 512 threads and the staged rows pass the 48 KB of dynamic shared memory that need no opt-in.
+    raise_smem_limit<decode_gemv_kernel<T, kNorm, kSwiGLU>>(kMaxThreads * kRingBytesPerThread + kMaxStaged, device);
+    launch_chained(decode_gemv_kernel<T, kNorm, kSwiGLU>, l.blocks, l.threads,
+                   static_cast<size_t>(l.threads) * kRingBytesPerThread + staged_bytes, stream, device, a);
   };
   auto launch_folds = [&]<typename T>() {
     if (norm && swiglu) launch.template operator()<T, true, true>();

@@ -24,7 +24,8 @@
 // queries by the rotary embedding as it loads them, and the CTA whose chunk holds the token's own position
 // turns the new key, puts it and the new value straight into its staged rows (no round trip through the
 // pool) and (for the first row block) writes both to the token's slot. Rotations and roundings are those of
-// rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention.
+// rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention. Launched chained
+// in a decode graph, it stages the cached rows before it waits for the kernel before (the qkv projection).
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 // paged_kv_write and paged_gather are one grid-stride kernel each, coalesced along D.
@@ -162,8 +163,16 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   float* sl = sm + R;
   int* bad = reinterpret_cast<int*>(sl + R);
 
-  wait_for_prior_grids();  // launched chained: q (and k, v) come from the kernel before
-  chain_next_grids();
+  // Launched chained: q (and k, v) come from the kernel before, so they wait for it (wait_for_prior_grids).
+  // The fused decode step stages its chunk's cached K/V rows first: in a decode step no kernel writes them (the
+  // rows before the token's position were written by earlier steps; the step's positions, sequence ids and
+  // block tables are uploaded before it starts), so that copy overlaps the kernel before. Every path waits
+  // before it writes: out may be memory the kernel before still reads.
+  auto wait_for_inputs = [] {
+    wait_for_prior_grids();
+    chain_next_grids();
+  };
+  if constexpr (!kFused) wait_for_inputs();
   const int rb = blockIdx.x % a.row_blocks;
   const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
   const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
@@ -173,7 +182,8 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0;
   const Token tok = resolve(a, n, reporter);
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
-  if (c0 >= tok.len) {        // padding, or a split past the sequence's end: the combine does not read it
+  if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
+    if constexpr (kFused) wait_for_inputs();
     if constexpr (kDirect) {  // one split: this CTA owns the output rows
       T* o = static_cast<T*>(a.out);
       for (int idx = tid; idx < nr * D; idx += kStagedThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
@@ -205,6 +215,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
     copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
   }
+  if constexpr (kFused) wait_for_inputs();
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
   if constexpr (kFused) {
     const int half = D / 2;
