@@ -12,9 +12,11 @@
 // Compute, Qwen2.5-0.5B batch 1 on the H200): qkv [1152, 896] 5.5 us, o [896, 896] 5.8 us, down [896, 4864]
 // 6.4 us + a split-K reduce kernel 3.1 us.
 //
-// 1. Streams: each lane keeps kLoadsInFlight (8) 16-byte weight loads in flight (a rolling window: the load
-//    of chunk c + 8 is issued as soon as chunk c is consumed), with ld.global.nc.L1::no_allocate (read once,
-//    kept out of L1) and an L2::256B prefetch. A window of 16 needs 122 registers and was slower everywhere.
+// 1. Streams: each lane keeps kRingSlots (16) 16-byte weight chunks in flight through a ring of its own in
+//    shared memory, filled with cp.async (L1 bypassed: read once; L2::256B prefetch) and refilled as each chunk
+//    is consumed, so no register is held by a load in flight (56-60 registers a thread; the rolling window of
+//    8 loads in registers before it needed 92, and one of 16 needed 122). The thread's copy groups are counted:
+//    one per chunk, so waiting for all but the newest 15 means the chunk about to be read has landed.
 // 2. Multiplies on the tensor cores: one warp owns a group of 8 weight rows and computes the 16x8 tile
 //    D = A B of mma.m16n8k16 with A = x (rows: the m <= 8 batch rows, rows 8..15 zero) and B = w^T (columns:
 //    the 8 weight rows). The order of k inside a dot product is free, so lane (g, t) = (lane / 4, lane % 4)
@@ -25,21 +27,25 @@
 // 3. Fills the GPU: the warps of a CTA split k (split = 1..16 warps per row group, partial tiles summed
 //    in shared memory in slice order: deterministic). The host picks split from n, k and the SM count
 //    (the launch shape depends only on shapes, so graphs replay it): the smallest power of two that gives
-//    kWarpsTarget (16) warps per SM (32 was slower), but no more slices than k has windows of 8 chunks.
+//    kWarpsTarget (8) warps per SM, but no more slices than k has runs of 8 chunks. Measured in the model
+//    (Qwen2.5-0.5B batch 1, 2026-11-30): 8 gives 1,331-1,345 tok/s, 4, 6, 10, 12, 16, 24, 32 give 1,198-1,254:
+//    at 8 the folded gate_up streams whole rows per warp (split 1: half the CTAs, each normalizing x once) and
+//    its CTAs leave room on each SM for the down projection's CTAs to start early (chained launches), while
+//    down keeps split 16.
 // 4. Rounds once: out = round(acc + bias) in f32, like cuBLASLt's bias epilogue.
-// 5. Launches chained (common.cuh) in decode graphs: the first window of weights (and the norm weight) streams
-//    in before the kernel waits for the one before it.
+// 5. Launches chained (common.cuh) in decode graphs: the ring's first chunks (and the norm weight) stream in
+//    before the kernel waits for the one before it.
 //
 // Where it runs (cuda_ops_bench --filter decode_linear / decode_norm_linear, weights from DRAM; figures in
 // docs/perf/inference.md): a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down are
-// 1.2-1.9x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x).
-// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.6 us
-// where rms_norm + GEMV take 7.9 (R1-1.5B 6.4 vs 10.3), the folded gate_up 10.7 vs 11.0, and Qwen2.5-0.5B's
-// folded gate_up (17.4 MB) lifted batch-1 decode by 10% although its stream is slower than cuBLASLt's. R1-1.5B's
-// gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its batch-1 decode 6% slower (557 vs 594
-// tok/s), hence 32 MB. At m = 8, where each of gate_up's 608 CTAs normalizes all 8 rows, the fold takes 21.9 us
-// where the separate kernels take 12.6, and even the folded qkv (8.7 us where rms_norm + the plain GEMV take
-// 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
+// 1.2-1.6x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x,
+// measured with the register-window kernel before the ring).
+// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.1 us where
+// rms_norm + cuBLASLt take 7.9 (R1-1.5B 5.6 vs 10.3), Qwen2.5-0.5B's folded gate_up 8.3 us where rms_norm +
+// cuBLASLt + swiglu take 11.2. R1-1.5B's gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its
+// batch-1 decode 6% slower (557 vs 594 tok/s), hence 32 MB. At m = 8, where each of gate_up's CTAs normalizes
+// all 8 rows, the fold took 21.9 us where the separate kernels take 12.6, and even the folded qkv (8.7 us
+// where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include "gemv.h"
@@ -68,7 +74,7 @@ constexpr int kMaxStaged = 64 * 1024;  // dynamic shared memory for the staged x
 constexpr int kRingSlots = 16;         // 16-byte weight chunks each lane keeps in flight, in shared memory
 constexpr int kRingBytesPerThread = kRingSlots * 16;
 constexpr int kMinChunksPerWarp = 8;   // the split leaves every warp at least this many chunks of its row
-constexpr int kWarpsTarget = 16;       // warps per SM the split aims for (32 measured slower on the large weights)
+constexpr int kWarpsTarget = 8;        // warps per SM the split aims for (the header comment, point 3)
 // Where the GEMV runs (the header comment, "Where it runs"):
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
@@ -273,10 +279,10 @@ struct GemvLaunch {
 // comment, point 3). A CTA holds whole output groups: all their streams and k slices.
 GemvLaunch plan_launch(int64_t n, int64_t k, int streams, int sms) {
   const int64_t groups = (n + kGroupRows - 1) / kGroupRows, chunks = (k + kChunk - 1) / kChunk;
-  const int64_t windows = (chunks + kMinChunksPerWarp - 1) / kMinChunksPerWarp;  // the most slices k allows
+  const int64_t runs = (chunks + kMinChunksPerWarp - 1) / kMinChunksPerWarp;  // the most slices k allows
   const int64_t target = static_cast<int64_t>(sms) * kWarpsTarget;
   int split = 1;
-  while (split < kMaxSplit / streams && split < windows && groups * streams * split < target) split *= 2;
+  while (split < kMaxSplit / streams && split < runs && groups * streams * split < target) split *= 2;
   GemvLaunch l{};
   l.split = split;
   // At least 4 warps a CTA; one output group from split 4 up, so that few groups still spread over many SMs.
