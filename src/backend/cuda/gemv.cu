@@ -82,11 +82,12 @@ constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU fold
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
 
 // A weight chunk into the lane's ring slot: cp.async, so no register is held while it is in flight (L1
-// bypassed: read once); the 256-byte L2 prefetch brings the lane's next chunks along.
+// bypassed: read once); the 256-byte L2 prefetch brings the lane's next chunks along. The memory clobber keeps
+// the compiler from moving the read of the slot's previous chunk past the copy that overwrites it.
 __device__ __forceinline__ void copy_weight_async(void* slot, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #else
   *static_cast<uint4*>(slot) = *static_cast<const uint4*>(gmem);
 #endif
