@@ -77,14 +77,21 @@ __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
   for (int i = 0; i < 8; ++i) x[i] = to_acc(e[i]);
 }
 
-// 16 bytes from global to shared memory without a trip through registers (cp.async, sm_80 and later), so a
-// thread can have many copies in flight; both addresses 16-byte aligned. copy_async_wait_all() waits for the
-// calling thread's copies (a barrier then publishes them to the block). Elsewhere (a HIP port, older GPUs)
-// a plain 16-byte copy: the same result without the overlap.
+// 16 bytes from global to shared memory without a trip through registers (cp.async, sm_80 and later; L1
+// bypassed), so a thread can have many copies in flight; both addresses 16-byte aligned. copy_async_wait_all()
+// waits for the calling thread's copies (a barrier then publishes them to the block). kPrefetch256: L2 also
+// fetches the 256 bytes around it (a streamed read whose next chunks follow). The memory clobber keeps the
+// compiler from moving a read of the destination past the copy that overwrites it. Elsewhere (a HIP port,
+// older GPUs) a plain 16-byte copy: the same result without the overlap.
+template <bool kPrefetch256 = false>
 __device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  if constexpr (kPrefetch256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  }
 #else
   *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif

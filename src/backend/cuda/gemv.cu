@@ -81,18 +81,6 @@ constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU fold
                                                // pay for a slower stream, up to a point
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
 
-// A weight chunk into the lane's ring slot: cp.async, so no register is held while it is in flight (L1
-// bypassed: read once); the 256-byte L2 prefetch brings the lane's next chunks along. The memory clobber keeps
-// the compiler from moving the read of the slot's previous chunk past the copy that overwrites it.
-__device__ __forceinline__ void copy_weight_async(void* slot, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *static_cast<uint4*>(slot) = *static_cast<const uint4*>(gmem);
-#endif
-}
-
 struct GemvArgs {
   const void* x;
   int64_t x_stride;
@@ -184,7 +172,7 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg)
 // Grid: each CTA holds blockDim / 32 / split weight groups of 8 rows; warp w works on weight group w / split,
 // k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without SwiGLU
 // weight group i of the CTA is output group i; with it, weight groups 2i and 2i + 1 are the gate and the up
-// rows of output group i (one weight stream per warp either way: the registers of the plain GEMV).
+// rows of output group i (one weight stream, one ring, per warp either way).
 template <typename T, bool kNorm, bool kSwiGLU>
 __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
   constexpr int kStreams = kSwiGLU ? 2 : 1;
@@ -214,7 +202,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   auto chunk_live = [&](int c) { return live && c < c_end && c * kChunk + t * 8 < a.k; };
   auto slot = [&](int c) { return ring + (c - c_begin) % kRingSlots * 32; };
   auto fetch = [&](int c) {  // one copy group per chunk, empty past the slice: the waits below count groups
-    if (chunk_live(c)) copy_weight_async(slot(c), w_lane + c * kChunk);
+    if (chunk_live(c)) copy16_async</*kPrefetch256=*/true>(slot(c), w_lane + c * kChunk);  // read once
     copy_async_commit();
   };
   T* sx = reinterpret_cast<T*>(gemv_smem + blockDim.x * kRingBytesPerThread);

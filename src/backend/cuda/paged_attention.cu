@@ -485,7 +485,6 @@ bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, in
          (max_context + 31) / 32 <= kMaxSplits;
 }
 
-
 // paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
 template <typename T, int R, bool kFused>
 void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
