@@ -47,6 +47,11 @@ Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept {}
 Graph& Graph::operator=(Graph&&) noexcept { return *this; }
 void Graph::replay() const { no_cuda("cuda graph"); }
+PinnedBuffer::PinnedBuffer(size_t) { no_cuda("pinned memory"); }
+PinnedBuffer::~PinnedBuffer() = default;
+PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
+void copy_async(void*, const void*, size_t, CopyDirection, const Stream&) { no_cuda("copy"); }
 TransferStats transfer_stats() { return {}; }
 void reset_transfer_stats() {}
 }  // namespace cuda

@@ -1,6 +1,7 @@
 #include "microllm/generate/engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -24,18 +25,28 @@ constexpr int64_t kMinContextBucket = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows of the step buffer (i32 [kStepRows, max_batch]), uploaded with one copy per decode step.
-enum StepRow : int64_t { kIds, kRopePositions, kAttentionPositions, kSlots, kStepRows };
+// Rows of a step's host buffer (i32 [kHostRows, max_batch]). The first kStepRows go to the device's
+// step_inputs in one copy per decode step; kFirstIds holds the token of each row that starts decoding in the
+// step (every later token is on the device already: the step before sampled it there).
+enum StepRow : int64_t { kRopePositions, kAttentionPositions, kSlots, kStepRows, kFirstIds = kStepRows, kHostRows };
 
 struct Sequence {
   uint64_t id = 0;
   EngineRequest request;
   int64_t row = -1;             // batch row: block table row, sampler row, decode row
   std::vector<int32_t> blocks;  // reserved at admission for prompt + max_new_tokens
-  int64_t cached = 0;           // tokens whose k/v are in the cache
-  int32_t next_token = -1;      // the token the next decode step feeds (the prompt's last, then each sampled
-                                // one); -1 while the prompt is prefilled
+  int64_t cached = 0;           // tokens whose k/v are in the cache, or will be once the steps enqueued run
+  int32_t next_token = -1;      // the prompt's last token once the prompt is prefilled (the first decode step
+                                // feeds it); -1 while it is prefilled
+  bool first_step = false;      // the next decode step is its first: its token comes from the host
+  int64_t steps_in_flight = 0;  // decode steps enqueued that fed it and whose tokens have not been read
   Generation result;
+};
+
+// A decode step enqueued and not yet read back: the rows it fed, and which host buffers it used.
+struct StepInFlight {
+  std::vector<std::pair<int64_t, uint64_t>> fed;  // (row, sequence id)
+  int buffer = 0;
 };
 
 }  // namespace
@@ -55,8 +66,18 @@ struct Engine::Impl {
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
   int64_t sampler_columns = 0;
   Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
-  Tensor tokens;        // i32 [max_batch]: the ids sampled by the last step
-  std::vector<int32_t> step_host;  // the host side of step_inputs, rewritten each decode step
+  Tensor tokens;        // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
+
+  // The host side of each step, two sets used in turn (the steps in flight are at most two: see step()):
+  // host_steps[i] i32 [kHostRows, max_batch] and host_tokens[i] i32 [max_batch], in pinned memory on CUDA
+  // (the copies run while the host works) and in host_storage on the CPU (where a step is done when enqueued).
+  std::optional<cuda::PinnedBuffer> pinned;
+  std::vector<int32_t> host_storage;
+  int32_t* host_steps[2] = {nullptr, nullptr};
+  int32_t* host_tokens[2] = {nullptr, nullptr};
+  std::vector<std::unique_ptr<cuda::Event>> tokens_read;  // CUDA: host_tokens[i] holds its step's ids
+  std::deque<StepInFlight> in_flight;  // oldest first
+  int next_buffer = 0;
 
   std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
   uint64_t graph_pool = 0;
@@ -97,7 +118,20 @@ struct Engine::Impl {
     const int64_t b = options.max_batch;
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
-    step_host.resize(static_cast<size_t>(kStepRows * b));
+    const auto per_set = static_cast<size_t>((kHostRows + 1) * b);
+    int32_t* host = nullptr;
+    if (stream) {
+      pinned.emplace(2 * per_set * sizeof(int32_t));
+      host = static_cast<int32_t*>(pinned->data());
+      for (int i = 0; i < 2; ++i) tokens_read.push_back(std::make_unique<cuda::Event>(device.index));
+    } else {
+      host_storage.assign(2 * per_set, 0);
+      host = host_storage.data();
+    }
+    for (int i = 0; i < 2; ++i) {
+      host_steps[i] = host + i * per_set;
+      host_tokens[i] = host_steps[i] + kHostRows * b;
+    }
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
     // Rows where no sequence decodes sample greedily (their ids are ignored), so that a step whose decoding
@@ -223,6 +257,7 @@ struct Engine::Impl {
     sampler.counts.narrow(0, seq.row, 1)
         .copy_(fresh.counts.defined() ? fresh.counts : Tensor::zeros({1, config.vocab_size}, DType::i32, device));
     seq.next_token = seq.request.prompt.back();
+    seq.first_step = true;
   }
 
   // Ends a sequence: its row and blocks go back, then its callback runs.
@@ -246,7 +281,6 @@ struct Engine::Impl {
   // Records a sampled token; returns false when the sequence ended.
   bool accept(Sequence* seq, int32_t token) {
     seq->result.tokens.push_back(token);
-    seq->next_token = token;
     {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.generated_tokens;
@@ -356,8 +390,9 @@ struct Engine::Impl {
   }
 
   // The decode forward + sampling over rows [0, rows) with attention bounded by `context`: what a graph
-  // records. Reads step_inputs, block_tables and the sampler state; writes the cache, the sampler state and
-  // tokens[0, rows). greedy_only: every row of [0, rows) has greedy params on the device.
+  // records. Reads tokens (the ids to feed), step_inputs, block_tables and the sampler state; writes the cache,
+  // the sampler state and tokens[0, rows) (the ids sampled, which the next step feeds). greedy_only: every row
+  // of [0, rows) that is fed a sequence's token has greedy params on the device.
   void decode_forward(int64_t batch_rows, int64_t context, bool greedy_only) {
     nn::PagedBatch batch;
     batch.cache = cache.get();
@@ -370,22 +405,47 @@ struct Engine::Impl {
     ctx.compute_dtype = options.dtype;
     ctx.paged = &batch;
     ctx.positions = step_inputs.select(0, kRopePositions).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
-    const Tensor ids = step_inputs.select(0, kIds).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
+    const Tensor ids = tokens.narrow(0, 0, batch_rows).reshape({batch_rows, 1});
     const Tensor logits = model.forward(ids, ctx).value();  // [rows, 1, V]
     sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), tokens.narrow(0, 0, batch_rows));
   }
 
-  bool decode_step() {
+  // Copies between a step's host buffers and the device: enqueued on the engine's stream on CUDA (pinned host
+  // memory; the host does not wait), done at once on the CPU.
+  void upload(const Tensor& dst, const int32_t* src, int64_t count) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+    if (stream) cuda::copy_async(dst.data_ptr(), src, bytes, cuda::CopyDirection::host_to_device, *stream);
+    else std::memcpy(dst.data_ptr(), src, bytes);
+  }
+  void download(int32_t* dst, const Tensor& src, int64_t count) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
+    if (stream) cuda::copy_async(dst, src.data_ptr(), bytes, cuda::CopyDirection::device_to_host, *stream);
+    else std::memcpy(dst, src.data_ptr(), bytes);
+  }
+
+  // Whether the next decode step should feed `seq`: it decodes, and the steps already enqueued leave it short
+  // of its token budget and of the window (one of them ends it by length: then it is not fed again). A stop id
+  // or a cancellation shows only when its step is read, so such a sequence is fed once more; that row's token
+  // is discarded (EngineStats::discarded_rows) and its k/v land in a slot it still owns.
+  bool feeds_next_step(const Sequence& seq) const {
+    if (seq.next_token < 0) return false;  // still prefilling
+    const auto generated = static_cast<int64_t>(seq.result.tokens.size()) + seq.steps_in_flight;
+    return generated < seq.request.max_new_tokens && seq.cached < config.max_position_embeddings;
+  }
+
+  // Enqueues one decode step for every sequence that feeds_next_step: one upload of the step's positions and
+  // slots (and of the first token of a sequence's first step), one graph replay, one download of the sampled
+  // ids. The ids are read later (read_oldest_step): meanwhile the host prepares the next step.
+  bool enqueue_decode_step() {
+    std::vector<Sequence*> fed;
     int64_t highest_row = -1, longest = 0;
-    // The other rows of [0, rows) hold greedy params (start_decoding, finish): the decoding rows decide.
-    bool all_greedy = true;
     for (const auto& s : running) {
-      if (s->next_token < 0) continue;  // still prefilling
+      if (!feeds_next_step(*s)) continue;
+      fed.push_back(s.get());
       highest_row = std::max(highest_row, s->row);
       longest = std::max(longest, s->cached + 1);
-      all_greedy = all_greedy && s->request.sampling.temperature == 0;
     }
-    if (highest_row < 0) return false;
+    if (fed.empty()) return false;
     int64_t batch_rows = options.max_batch;
     for (int64_t b : kBatchBuckets) {
       if (b > highest_row) {
@@ -393,25 +453,39 @@ struct Engine::Impl {
         break;
       }
     }
+    // The rows of [0, rows) without a decoding sequence hold greedy params (start_decoding, finish); those
+    // with one decide, fed or not (a sequence not fed ends when an earlier step is read: its params stay).
+    bool all_greedy = true;
+    for (const auto& s : running) {
+      if (s->next_token >= 0 && s->row < batch_rows) all_greedy = all_greedy && s->request.sampling.temperature == 0;
+    }
     int64_t context = kMinContextBucket;
     while (context < longest) context *= 2;
     context = std::min(context, max_blocks_per_sequence * options.block_size);
 
-    // The step's inputs, one upload: idle rows feed token 0 at rope position 0, attend to nothing (-1) and
-    // write nowhere (-1); their samples are ignored.
+    // The step's inputs: rows not fed feed whatever id their tokens entry holds at rope position 0, attend to
+    // nothing (-1) and write nowhere (-1); their samples are ignored.
+    const int buffer = next_buffer;
+    next_buffer ^= 1;
     const auto b = static_cast<size_t>(options.max_batch);
-    std::vector<int32_t>& host = step_host;
-    std::fill(host.begin(), host.end(), 0);
-    std::fill_n(host.begin() + static_cast<ptrdiff_t>(kAttentionPositions * b), b, -1);
-    std::fill_n(host.begin() + static_cast<ptrdiff_t>(kSlots * b), b, -1);
-    for (const auto& s : running) {
-      if (s->next_token < 0) continue;
+    int32_t* host = host_steps[buffer];
+    std::fill_n(host, kHostRows * b, 0);
+    std::fill_n(host + kAttentionPositions * b, b, -1);
+    std::fill_n(host + kSlots * b, b, -1);
+    StepInFlight step{{}, buffer};
+    for (Sequence* s : fed) {
       const auto r = static_cast<size_t>(s->row);
-      host[kIds * b + r] = s->next_token;
       host[kRopePositions * b + r] = host[kAttentionPositions * b + r] = static_cast<int32_t>(s->cached);
       host[kSlots * b + r] = slot_of(*s, s->cached);
+      step.fed.emplace_back(s->row, s->id);
     }
-    step_inputs.copy_(Tensor::from_blob(host.data(), {kStepRows, options.max_batch}, DType::i32));
+    upload(step_inputs, host, kStepRows * options.max_batch);
+    for (Sequence* s : fed) {
+      if (!s->first_step) continue;
+      host[kFirstIds * b + static_cast<size_t>(s->row)] = s->next_token;
+      upload(tokens.narrow(0, s->row, 1), host + kFirstIds * b + static_cast<size_t>(s->row), 1);
+      s->first_step = false;
+    }
     if (stream && options.cuda_graphs) {
       auto [it, fresh] = graphs.try_emplace({batch_rows, context, all_greedy});
       if (fresh) {
@@ -431,22 +505,40 @@ struct Engine::Impl {
     } else {
       decode_forward(batch_rows, context, all_greedy);
     }
-    const std::vector<int32_t> chosen = tokens.narrow(0, 0, batch_rows).to_vector<int32_t>();
-    std::vector<Sequence*> decoding;
-    for (const auto& s : running) {
-      if (s->next_token >= 0) decoding.push_back(s.get());
+    download(host_tokens[buffer], tokens, batch_rows);
+    if (stream) tokens_read[static_cast<size_t>(buffer)]->record(*stream);
+    for (Sequence* s : fed) {
+      ++s->cached;  // the fed token's k/v are written by the step
+      ++s->steps_in_flight;
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.decode_steps;
-      if (all_greedy) ++counters.greedy_decode_steps;
-      counters.decoded_sequences += decoding.size();
-    }
-    for (Sequence* s : decoding) {
-      ++s->cached;  // the fed token's k/v are in the cache now
-      accept(s, chosen[static_cast<size_t>(s->row)]);
-    }
+    in_flight.push_back(std::move(step));
+    std::lock_guard<std::mutex> lock(mutex);
+    ++counters.decode_steps;
+    if (all_greedy) ++counters.greedy_decode_steps;
     return true;
+  }
+
+  // Waits for the oldest step in flight and hands each fed row's token to its sequence, unless the sequence
+  // ended (or its row went to another) since the step was enqueued.
+  void read_oldest_step() {
+    const StepInFlight step = std::move(in_flight.front());
+    in_flight.pop_front();
+    if (stream) tokens_read[static_cast<size_t>(step.buffer)]->synchronize();
+    const int32_t* chosen = host_tokens[step.buffer];
+    uint64_t accepted = 0, discarded = 0;
+    for (const auto& [row, id] : step.fed) {
+      Sequence* s = rows[static_cast<size_t>(row)];
+      if (!s || s->id != id) {
+        ++discarded;
+        continue;
+      }
+      --s->steps_in_flight;
+      ++accepted;
+      accept(s, chosen[row]);
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    counters.decoded_sequences += accepted;
+    counters.discarded_rows += discarded;
   }
 };
 
@@ -477,11 +569,22 @@ bool Engine::step() {
   impl_->apply_cancellations();
   impl_->admit();
   const bool prefilled = impl_->prefill_step();
-  const bool decoded = impl_->decode_step();
+  // Step t + 1 is enqueued before step t's tokens are read, so the device runs it while the host hands out
+  // step t's tokens and prepares step t + 2 (nothing waits for the host between steps); the last step is read
+  // when there is nothing left to enqueue, or nothing left running (a step in flight then fed only rows of
+  // ended sequences: reading it now leaves an idle engine with nothing in flight).
+  const bool decoded = impl_->enqueue_decode_step();
+  auto& in_flight = impl_->in_flight;
+  const size_t keep = decoded ? 1 : 0;
+  const bool read = in_flight.size() > keep;
+  while (in_flight.size() > keep) impl_->read_oldest_step();
+  if (impl_->running.empty()) {
+    while (!in_flight.empty()) impl_->read_oldest_step();
+  }
   impl_->publish_counts();
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (prefilled || decoded) ++impl_->counters.steps;
-  return prefilled || decoded;
+  if (prefilled || decoded || read) ++impl_->counters.steps;
+  return prefilled || decoded || read;
 }
 
 void Engine::run_until_idle() {

@@ -96,6 +96,7 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   EXPECT_EQ(stats.decoding + stats.prefilling + stats.waiting, 0);
   EXPECT_EQ(stats.generated_tokens, 6u * 14u);
   EXPECT_EQ(stats.decoded_sequences, stats.generated_tokens) << "every token comes from a decode step";
+  EXPECT_EQ(stats.discarded_rows, 0u) << "a request that ends by length is never fed past its budget";
   EXPECT_LT(stats.decode_steps, stats.decoded_sequences) << "decode steps batch several sequences";
   EXPECT_EQ(stats.prompt_tokens, 5u + 1 + 23 + 9 + 40 + 3);
   if (GetParam().is_cuda()) {
@@ -209,6 +210,8 @@ TEST_P(EngineTest, StopIdsCancellationAndCallbacksEndRequestsAndFreeTheirBlocks)
   EXPECT_EQ(refused_by_callback.finish_reason, FinishReason::callback);
   EXPECT_EQ(refused_by_callback.tokens.size(), 3u);
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  // The stop id shows when its step is read, after the next step was enqueued: that step fed it once more.
+  EXPECT_GE(engine.stats().discarded_rows, 1u);
   engine.cancel(cancel_id);  // already finished: ignored
   EXPECT_FALSE(engine.step());
 }

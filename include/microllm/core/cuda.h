@@ -130,6 +130,32 @@ class Graph {
   Stream stream_;
 };
 
+// Page-locked host memory: the host side of copies the host does not wait for (copy_async). A decode loop
+// keeps the GPU busy with its next step while the host reads the tokens of the one before through it.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Enqueues a copy of `bytes` between pinned host memory (a PinnedBuffer) and device memory, either way, on
+// `stream` and returns at once. The host must leave the pinned side alone until the stream has passed the copy
+// (record an Event after it). Counted in transfer_stats like every other copy.
+enum class CopyDirection { host_to_device, device_to_host };
+void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction, const Stream& stream);
+
 // Bytes moved between host and devices through microLLM, for tests that prove an op moved none.
 struct TransferStats {
   uint64_t host_to_device = 0, host_to_device_bytes = 0;

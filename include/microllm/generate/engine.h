@@ -8,8 +8,11 @@
 //      prompt never stalls the sequences already decoding for more than one chunk;
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
-//      context bucket), so a step costs one upload of the step's ids/positions/slots, one graph launch and one
-//      download of the chosen ids.
+//      context bucket), so a step costs one upload of the step's positions/slots, one graph launch and one
+//      download of the chosen ids. Each step feeds the ids the step before sampled where they are, on the
+//      device, so step t + 1 is enqueued before step t's ids are read: the GPU runs it while the host hands
+//      step t's tokens to their requests. A stop id or a cancellation therefore shows one step late: the
+//      sequence was fed once more, and that token is discarded (EngineStats::discarded_rows).
 // Batching changes no result: each sequence attends only to its own blocks, and with greedy sampling a
 // request gets the tokens it gets alone.
 //
@@ -55,7 +58,8 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, block_size = 0;
   uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;
   uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
-  uint64_t decoded_sequences = 0;  // summed over decode steps: / decode_steps is the mean decode batch
+  uint64_t decoded_sequences = 0;  // tokens decode steps gave their sequences: / decode_steps is the mean batch
+  uint64_t discarded_rows = 0;     // rows fed for a sequence that had ended by the time their step was read
   uint64_t prompt_tokens = 0, generated_tokens = 0;
 };
 

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   uint4* ring = reinterpret_cast<uint4*>(gemv_smem) + warp * kRingSlots * 32 + lane;
   // k % 8 == 0, so a lane's 8 elements of a chunk lie wholly inside or wholly past k.
   auto chunk_live = [&](int c) { return live && c < c_end && c * kChunk + t * 8 < a.k; };
-  auto slot = [&](int c) { return ring + (c - c_begin) % kRingSlots * 32; };
+  auto slot = [&](int c) { return ring + static_cast<unsigned>(c - c_begin) % kRingSlots * 32; };  // c >= c_begin
   auto fetch = [&](int c) {  // one copy group per chunk, empty past the slice: the waits below count groups
     if (chunk_live(c)) copy16_async</*kPrefetch256=*/true>(slot(c), w_lane + c * kChunk);  // read once
     copy_async_commit();
@@ -216,7 +216,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   chain_next_grids();
   if constexpr (kNorm) stage_normalized_x(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
 
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  // Two accumulators, one per mma of a chunk: each mma waits for the one a chunk back, not for the one just
+  // before it (one chain of 2 x chunks dependent mma was the warp's critical path).
+  float d[4] = {0.f, 0.f, 0.f, 0.f}, d_hi[4] = {0.f, 0.f, 0.f, 0.f};
   if (live) {
     const bool x_live = g < a.m;
     const T* x_lane = kNorm ? sx + (x_live ? g : 0) * a.x_pitch + t * 8
@@ -229,10 +231,12 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
       // A rows g (x row g) and g + 8 (zero); k pairs (2t, 2t+8) <- elements (8t, 8t+2) then (8t+4, 8t+6).
       const uint32_t a_lo[4] = {xv.x, 0u, xv.y, 0u}, a_hi[4] = {xv.z, 0u, xv.w, 0u};
       attn::mma_16816<T>(d, a_lo, wv.x, wv.y);
-      attn::mma_16816<T>(d, a_hi, wv.z, wv.w);
+      attn::mma_16816<T>(d_hi, a_hi, wv.z, wv.w);
       fetch(c + kRingSlots);  // into the slot just read (its value is in registers, consumed above)
     }
   }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] += d_hi[i];
   // d[0], d[1] = (x row g, weight row 2t / 2t + 1 of the group); d[2], d[3] belong to A's zero rows.
   partial[warp][g * kGroupRows + 2 * t] = d[0];
   partial[warp][g * kGroupRows + 2 * t + 1] = d[1];

@@ -327,6 +327,36 @@ void cuda_copy_strided(const Tensor& src, const Tensor& dst) {
 
 namespace microllm::cuda {
 
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  // Portable: pinned for every device's copies, not only the current one's.
+  MICROLLM_CUDA_CHECK(cudaHostAlloc(&data_, std::max<size_t>(bytes, 1), cudaHostAllocPortable));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) cudaFreeHost(data_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(bytes_, other.bytes_);
+  return *this;
+}
+
+void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction, const Stream& stream) {
+  if (bytes == 0) return;
+  detail::CudaDeviceGuard guard(stream.device());
+  const bool up = direction == CopyDirection::host_to_device;
+  ++(up ? detail::g_h2d : detail::g_d2h);
+  (up ? detail::g_h2d_bytes : detail::g_d2h_bytes) += bytes;
+  MICROLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                      static_cast<cudaStream_t>(stream.handle())));
+}
+
 TransferStats transfer_stats() {
   using namespace microllm::detail;
   return {g_h2d.load(), g_h2d_bytes.load(), g_d2h.load(), g_d2h_bytes.load(), g_d2d.load(), g_d2d_bytes.load()};
