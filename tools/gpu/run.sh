@@ -77,6 +77,11 @@ step_sanitize() {
     --gtest_filter='*Cuda*:*cuda*:-*OutOfMemoryIsAnErrorNotACrash*' --gtest_brief=1 > "$RES/logs/sanitizer_core.log" 2>&1
   echo "== compute-sanitizer memcheck core_tests: exit $?"
   grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_core.log" | head -5
+  # The serving engine on CUDA: graph replays, the step buffers' asynchronous copies, steps in flight.
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/generate_tests" \
+    --gtest_filter='*Engine*cuda*' --gtest_brief=1 > "$RES/logs/sanitizer_engine.log" 2>&1
+  echo "== compute-sanitizer memcheck engine tests: exit $?"
+  grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_engine.log" | head -5
 }
 
 step_bench() {
