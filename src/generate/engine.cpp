@@ -410,6 +410,22 @@ struct Engine::Impl {
     sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), tokens.narrow(0, 0, batch_rows));
   }
 
+  // The decode step's graph for (rows, context bound, greedy_only), captured on first use.
+  const cuda::Graph& decode_graph(int64_t batch_rows, int64_t context, bool greedy_only) {
+    auto [it, fresh] = graphs.try_emplace({batch_rows, context, greedy_only});
+    if (fresh) {
+      try {
+        it->second = cuda::Graph::capture(*stream, graph_pool, [&] { decode_forward(batch_rows, context, greedy_only); });
+      } catch (...) {
+        graphs.erase(it);
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.graphs_captured;
+    }
+    return it->second;
+  }
+
   // Copies between a step's host buffers and the device: enqueued on the engine's stream on CUDA (pinned host
   // memory; the host does not wait), done at once on the CPU.
   void upload(const Tensor& dst, const int32_t* src, int64_t count) {
@@ -487,19 +503,7 @@ struct Engine::Impl {
       s->first_step = false;
     }
     if (stream && options.cuda_graphs) {
-      auto [it, fresh] = graphs.try_emplace({batch_rows, context, all_greedy});
-      if (fresh) {
-        try {
-          it->second = cuda::Graph::capture(*stream, graph_pool,
-                                            [&] { decode_forward(batch_rows, context, all_greedy); });
-        } catch (...) {
-          graphs.erase(it);
-          throw;
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        ++counters.graphs_captured;
-      }
-      it->second.replay();
+      decode_graph(batch_rows, context, all_greedy).replay();
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.graph_replays;
     } else {

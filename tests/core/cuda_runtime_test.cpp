@@ -76,6 +76,37 @@ TEST_F(CudaRuntimeTest, CopiesRoundTripAtEverySizeAndCountTransfers) {
   }
 }
 
+TEST_F(CudaRuntimeTest, AsyncCopiesThroughPinnedMemoryRoundTripInStreamOrderAndCount) {
+  // Up, a kernel that reads it, and back, enqueued without the host waiting in between; the host reads the
+  // pinned side once an event says the stream passed the copy.
+  const int64_t n = 100003;
+  const Tensor values = random_tensor({n}, DType::f32);
+  cuda::PinnedBuffer up(static_cast<size_t>(n) * sizeof(float)), down(static_cast<size_t>(n) * sizeof(float));
+  std::memcpy(up.data(), values.data_ptr(), up.bytes());
+  std::fill_n(static_cast<float*>(down.data()), n, NAN);  // poison: an unwritten element shows
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const Tensor device = Tensor::empty({n}, DType::f32, Device::cuda(0));
+  cuda::reset_transfer_stats();
+  cuda::Event done(0);
+  {
+    cuda::StreamGuard guard(stream);
+    cuda::copy_async(device.data_ptr(), up.data(), up.bytes(), cuda::CopyDirection::host_to_device, stream);
+    Tensor copied = Tensor::empty({n}, DType::f32, Device::cuda(0));
+    copied.copy_(device);  // a device copy on the stream, after the upload
+    cuda::copy_async(down.data(), copied.data_ptr(), down.bytes(), cuda::CopyDirection::device_to_host, stream);
+    done.record(stream);
+  }
+  done.synchronize();
+  const cuda::TransferStats stats = cuda::transfer_stats();
+  EXPECT_EQ(stats.host_to_device, 1u);
+  EXPECT_EQ(stats.device_to_host, 1u);
+  EXPECT_EQ(stats.device_to_host_bytes, static_cast<uint64_t>(n) * 4);
+  ASSERT_EQ(std::memcmp(down.data(), values.data_ptr(), down.bytes()), 0);
+  cuda::PinnedBuffer moved = std::move(up);
+  EXPECT_EQ(up.data(), nullptr);
+  EXPECT_EQ(moved.bytes(), static_cast<size_t>(n) * sizeof(float));
+}
+
 TEST_F(CudaRuntimeTest, StridedCopyAndCastMatchTheCpuForEveryDtypePair) {
   const DType all[] = {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i8,
                        DType::u8,  DType::i32, DType::i64,  DType::f8_e4m3fn, DType::f8_e5m2};
