@@ -216,6 +216,22 @@ TEST_P(EngineTest, StopIdsCancellationAndCallbacksEndRequestsAndFreeTheirBlocks)
   EXPECT_FALSE(engine.step());
 }
 
+TEST_P(EngineTest, ARowAndBlocksFreedOneStepLateGoToTheNextRequestUnchanged) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  // Two rows and a pool of exactly the first two requests' blocks (7 + 11): the third waits for the first's.
+  // The first ends on a stop id, which shows only when its step is read, after the next step has fed it once
+  // more (into a slot of its blocks); its row and blocks then go to the third while that step is still in
+  // flight (the second keeps decoding), so the step's row must be discarded, not given to the third.
+  EngineRequest first = request(prompt(5), 20);
+  first.stop_ids = {alone(first)[3]};
+  const std::vector<EngineRequest> requests{first, request(prompt(3), 40), request(prompt(6), 12)};
+  Engine engine(*model_, EngineOptions{.max_batch = 2, .block_size = 4, .kv_blocks = 18});
+  expect_each_as_alone(run(engine, requests), requests);
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.discarded_rows, 1u) << "the first request was fed once past its stop id";
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+}
+
 TEST_P(EngineTest, AdmissionIsBoundedByFreeBlocksAndImpossibleRequestsAreRefused) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   EngineOptions options;
