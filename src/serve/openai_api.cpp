@@ -95,10 +95,12 @@ std::string message_content(const json& m, size_t i) {
   if (it->is_array()) {  // content parts: only text
     std::string text;
     for (const json& part : *it) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      // find, not value(): value("type", "") throws a type_error when "type" is not a string.
+      const auto type = part.find("type"), part_text = part.find("text");  // end() unless part is an object
+      if (type == part.end() || *type != "text" || part_text == part.end() || !part_text->is_string()) {
         throw bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
       }
-      text += part["text"].get<std::string>();
+      text += part_text->get<std::string>();
     }
     return text;
   }
@@ -142,7 +144,7 @@ CompletionRequest parse_completion_request(std::string_view text, Endpoint endpo
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
     throw bad("", std::string("the request body is not valid JSON: ") + e.what(), "invalid_json");
   }
   if (!body.is_object()) throw bad("", std::string("the request body must be a JSON object, got ") + body.type_name());

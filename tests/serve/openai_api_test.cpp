@@ -84,7 +84,9 @@ TEST(OpenAiApi, ChatMessages) {
 }
 
 TEST(OpenAiApi, MalformedBodies) {
-  for (const char* body : {"", "{", "not json", "{\"prompt\": \"x\",}", "{\"prompt\": \"\xff\"}"}) {
+  // A number past a double's range is the JSON library's out_of_range, not a parse_error (openai_request_fuzz).
+  for (const char* body : {"", "{", "not json", "{\"prompt\": \"x\",}", "{\"prompt\": \"\xff\"}",
+                           "{\"prompt\": \"x\", \"temperature\": 1e309}"}) {
     const ApiError e = error_of(body);
     EXPECT_EQ(e.code, "invalid_json") << body;
   }
@@ -144,6 +146,10 @@ TEST(OpenAiApi, ChatErrorsNameTheField) {
       {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
        "messages[0].content"},
+      // A part whose type is not a string (the JSON library's type_error through value("type", "") before).
+      {R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": ["text"]}]})", "messages[0].content"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": "5"})", "max_completion_tokens"},
   };
   for (const auto& [body, param] : cases) EXPECT_EQ(error_of(body, Endpoint::chat_completions).param, param) << body;
