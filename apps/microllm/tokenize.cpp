@@ -41,7 +41,7 @@ void run_tokenize(const TokenizeOptions& o) {
     nlohmann::json value;
     try {
       value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e309
       throw ParseError("tokenize", str_cat(name, ":", line_number, ": not JSON (", e.what(), ")"));
     }
     if (!o.decode) {

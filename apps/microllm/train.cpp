@@ -61,7 +61,7 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
   if (!o.config_path.empty()) {
     try {
       j = nlohmann::json::parse(io::read_text_file(o.config_path));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e309
       throw ParseError(o.config_path, str_cat("not JSON: ", e.what()));
     }
   }
@@ -89,7 +89,7 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
     try {
       j[key] = nlohmann::json::parse(value);
-    } catch (const nlohmann::json::parse_error&) {
+    } catch (const nlohmann::json::exception&) {  // parse_error, and out_of_range for 1e309
       j[key] = value;  // a bare word: a string
     }
   }

@@ -18,7 +18,7 @@ std::optional<GenerationConfig> read_generation_config(const std::string& direct
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
     throw ParseError("generation_config", str_cat(path.string(), ": not JSON (", e.what(), ")"));
   }
   GenerationConfig g;

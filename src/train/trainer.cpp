@@ -140,7 +140,7 @@ TrainConfig TrainConfig::from_json(const std::string& json_text, const std::stri
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
     throw ParseError(origin, str_cat("not JSON: ", e.what()));
   }
   MICROLLM_CHECK(j.is_object(), ParseError, origin, "a train config must be a JSON object");
@@ -623,7 +623,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   json state;
   try {
     state = json::parse(io::read_text_file(state_path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
     throw ParseError(state_path, str_cat("not JSON: ", e.what()));
   }
   // The checkpoint's model must be this model.

@@ -132,6 +132,9 @@ TEST(GenerationConfig, StopIdsAndSamplingDefaultsComeFromGenerationConfigJson) {
   } catch (const ParseError& e) {
     EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos) << e.what();
   }
+  // A number past a double's range is the JSON library's out_of_range, not its parse_error: a ParseError too.
+  std::ofstream(dir / "generation_config.json") << R"({"temperature": 1e309})";
+  EXPECT_THROW(read_generation_config(dir.string()), ParseError);
   fs::remove_all(dir);
 }
 

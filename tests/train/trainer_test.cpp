@@ -268,6 +268,7 @@ TEST_P(TrainerFilesTest, ConfigJsonRoundTripsAndRejectsUnknownFields) {
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_THROW(TrainConfig::from_json(R"({"stpes": 10})"), ParseError);
   EXPECT_THROW(TrainConfig::from_json(R"({"steps": "ten"})"), ParseError);
+  EXPECT_THROW(TrainConfig::from_json(R"({"lr": 1e309})"), ParseError);  // the JSON library's out_of_range
   const TrainConfig data = TrainConfig::from_json(R"({"data": "runs/kjv.bin", "steps": 7})");
   EXPECT_EQ(data.train_data, "runs/kjv.train.bin");
   EXPECT_EQ(data.val_data, "runs/kjv.val.bin");
