@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "microllm/io/atomic_file.h"
 
 namespace microllm::io {
@@ -73,12 +74,8 @@ std::vector<TensorInfo> SafetensorsFile::parse_header(const uint8_t* bytes, size
                  " exceeds the limit of ", kMaxHeaderBytes, " bytes");
   MICROLLM_CHECK(header_bytes <= size - 8, ParseError, origin, "header length ", header_bytes,
                  " runs past the end of the file (", size, " bytes)");
-  json header;
-  try {
-    header = json::parse(bytes + 8, bytes + 8 + header_bytes);
-  } catch (const json::exception& e) {
-    throw ParseError(origin, str_cat("the header is not valid JSON: ", e.what()));
-  }
+  const json header = detail::parse_json(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_bytes),
+                                         origin, "the header is not valid JSON");
   MICROLLM_CHECK(header.is_object(), ParseError, origin, "the header must be a JSON object");
   const uint64_t data_size = size - 8 - header_bytes;
   std::vector<TensorInfo> tensors;
@@ -222,12 +219,7 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& file_or_dir
   }
   const fs::path index = path / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    json doc;
-    try {
-      doc = json::parse(read_text_file(index.string()));
-    } catch (const json::exception& e) {
-      throw ParseError(index.string(), str_cat("not valid JSON: ", e.what()));
-    }
+    json doc = detail::parse_json(read_text_file(index.string()), index.string(), "not valid JSON");
     MICROLLM_CHECK(doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object(), ParseError,
                    index.string(), "weight_map is missing or not an object");
     std::vector<std::string> shards;

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "microllm/core/error.h"
 #include "microllm/models/config.h"
 
@@ -15,12 +17,8 @@ std::optional<GenerationConfig> read_generation_config(const std::string& direct
   const fs::path path = fs::path(directory) / "generation_config.json";
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
-    throw ParseError("generation_config", str_cat(path.string(), ": not JSON (", e.what(), ")"));
-  }
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const nlohmann::json j = detail::parse_json(text, "generation_config", str_cat(path.string(), ": not JSON"));
   GenerationConfig g;
   if (!j.is_object()) return g;
   if (const auto eos = j.find("eos_token_id"); eos != j.end()) {

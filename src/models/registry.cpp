@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_reader.h"
+#include "core/json_text.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/models/config.h"
 
@@ -37,12 +38,7 @@ const Family& family_of(const std::string& model_type, const std::string& origin
 }  // namespace
 
 nn::TransformerConfig read_config(const std::string& json_text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    throw ParseError(origin, str_cat("not valid JSON: ", e.what()));
-  }
+  const json j = detail::parse_json(json_text, origin, "not valid JSON");
   MICROLLM_CHECK(j.is_object(), ParseError, origin, "a config must be a JSON object");
   const ConfigReader reader(j, origin);
   const std::string model_type = reader.string_or("model_type", "");

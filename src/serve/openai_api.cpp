@@ -4,6 +4,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
+
 namespace microllm::serve {
 
 using nlohmann::json;
@@ -143,9 +145,9 @@ const char* endpoint_path(Endpoint endpoint) {
 CompletionRequest parse_completion_request(std::string_view text, Endpoint endpoint) {
   json body;
   try {
-    body = json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
-    throw bad("", std::string("the request body is not valid JSON: ") + e.what(), "invalid_json");
+    body = detail::parse_json(text, "", "the request body is not valid JSON");
+  } catch (const ParseError& e) {
+    throw bad("", e.what(), "invalid_json");
   }
   if (!body.is_object()) throw bad("", std::string("the request body must be a JSON object, got ") + body.type_name());
   CompletionRequest r;

@@ -4,21 +4,12 @@
 #include <iterator>
 #include <limits>
 
+#include "core/json_text.h"
+
 namespace microllm::tokenizer_detail {
 
 Json parse_json(std::string_view text, const std::string& file) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::exception& e) {
-    // A syntax error (parse_error, with its byte offset) or a number too large (out_of_range).
-    std::string what = e.what();
-    if (what.rfind("[json.exception", 0) == 0 && what.find("] ") != std::string::npos)
-      what = what.substr(what.find("] ") + 2);
-    const auto* syntax = dynamic_cast<const Json::parse_error*>(&e);
-    throw ParseError("tokenizer", syntax != nullptr
-                                      ? str_cat(file, ": malformed JSON at byte ", syntax->byte, ": ", what)
-                                      : str_cat(file, ": malformed JSON: ", what));
-  }
+  return detail::parse_json(text, "tokenizer", str_cat(file, ": malformed JSON"));
 }
 
 std::string read_text_file(const std::string& path) {

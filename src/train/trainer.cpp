@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "microllm/autograd/functions.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
@@ -137,12 +138,7 @@ void read_value(const json& v, T& out, const std::string& key, const std::string
 }  // namespace
 
 TrainConfig TrainConfig::from_json(const std::string& json_text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
-    throw ParseError(origin, str_cat("not JSON: ", e.what()));
-  }
+  const json j = detail::parse_json(json_text, origin, "not JSON");
   MICROLLM_CHECK(j.is_object(), ParseError, origin, "a train config must be a JSON object");
   TrainConfig c;
   for (const auto& [key, value] : j.items()) {
@@ -620,12 +616,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
-  json state;
-  try {
-    state = json::parse(io::read_text_file(state_path));
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double's range
-    throw ParseError(state_path, str_cat("not JSON: ", e.what()));
-  }
+  const json state = detail::parse_json(io::read_text_file(state_path), state_path, "not JSON");
   // The checkpoint's model must be this model.
   const nn::TransformerConfig saved = models::read_config_file(dir);
   MICROLLM_CHECK(models::write_config(saved) == models::write_config(model_->config()), ValueError, dir,
