@@ -6,7 +6,8 @@
 # Steps run in the order given:
 #   tests            every *_tests program, CUDA cases only
 #   sanitize         compute-sanitizer memcheck + racecheck (SANITIZE_TOOLS) on the CUDA op suite (SANITIZE_FILTER: a gtest
-#                    filter), memcheck on the runtime
+#                    filter), memcheck on the runtime and the engine, then sanitize-decode
+#   sanitize-decode  racecheck + synccheck on the decode GEMV's and the paged decode attention's tests
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
 #   oracle           tokenizer, training and model golden files (tests/fixtures/...); or one of
 #                    oracle-tokenizer (ORACLE_TOKENIZERS=gpt2,...: a subset), oracle-train, oracle-models
@@ -82,6 +83,23 @@ step_sanitize() {
     --gtest_filter='*Engine*cuda*' --gtest_brief=1 > "$RES/logs/sanitizer_engine.log" 2>&1
   echo "== compute-sanitizer memcheck engine tests: exit $?"
   grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_engine.log" | head -5
+  step_sanitize_decode
+}
+
+# The decode kernels' shared memory (the GEMV's cp.async rings and staged rows, the paged attention's staged
+# K/V) under racecheck, and their barriers under synccheck: tests that launch only these kernels (a test that
+# also runs cuBLASLt shows racecheck hazards inside NVIDIA's nvjet kernels, which are not ours to judge).
+step_sanitize_decode() {
+  local tool tests='Dtypes/DecodeGemvCudaTest.FoldsTheRmsNormAndSwiGLU/cuda_bf16'
+  tests+=':Dtypes/DecodeGemvCudaTest.ReplaysInsideACudaGraph/cuda_bf16'
+  tests+=':Dtypes/PagedAttentionCudaTest.DecodeAttentionMatchesTheCpu/cuda_bf16'
+  tests+=':Dtypes/PagedAttentionCudaTest.QwenAndR1DecodeShapes/cuda_bf16'
+  for tool in racecheck synccheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/ops_tests" --gtest_filter="$tests" \
+      --gtest_brief=1 > "$RES/logs/sanitizer_decode_$tool.log" 2>&1
+    echo "== compute-sanitizer $tool, decode kernels: exit $?"
+    grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_decode_$tool.log" | head -5
+  done
 }
 
 step_bench() {
@@ -298,6 +316,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests) step_tests ;;
     sanitize) step_sanitize ;;
+    sanitize-decode) step_sanitize_decode ;;
     bench) step_bench ;;
     oracle) step_oracle_tokenizer; step_oracle_train; step_oracle_models ;;
     oracle-tokenizer) step_oracle_tokenizer ;;
