@@ -21,6 +21,8 @@
 #                    VAR=value switches); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
+#   persistent-mlp   benchmarks/persistent_mlp_bench: a decode layer's MLP half as one persistent kernel against the
+#                    chained GEMV kernels
 #   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config
 #   gemv-profile     Nsight Compute sections of the decode GEMV and of cuBLASLt on one cuda_ops_bench row
 #                    (GEMV_PROFILE_OP, default Qwen2.5-0.5B's folded gate_up)
@@ -237,6 +239,11 @@ step_gemv_profile() {
     "$RES/ncu_gemv.txt" "$RES/ncu_cublaslt.txt" | head -60
 }
 
+step_persistent_mlp() {
+  timeout 120 "$bin/persistent_mlp_bench" > "$RES/persistent_mlp.md" 2>&1
+  echo "== persistent_mlp_bench: exit $?"; cat "$RES/persistent_mlp.md"
+}
+
 # Where a prefill's time goes: per-op CUDA event times of pp2048 on the R1-Distill-1.5B config.
 step_prefill_profile() {
   timeout 200 "$bin/microllm" bench --config tests/fixtures/configs/deepseek-r1-distill-qwen-1.5b.json --device cuda \
@@ -330,6 +337,7 @@ for step in "${steps[@]}"; do
     engine-profile) step_engine_profile ;;
     decode-ab) step_decode_ab ;;
     prefill-profile) step_prefill_profile ;;
+    persistent-mlp) step_persistent_mlp ;;
     gemv-profile) step_gemv_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
     infer-bench) step_infer_bench ;;

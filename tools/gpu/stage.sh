@@ -9,7 +9,8 @@ build=${1:-build/cuda-release}
 rm -rf .device
 mkdir -p .device/lib .device/bin
 cp -a "$build"/src/libmicrollm_*.so* .device/lib/
-for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench benchmarks/allreduce_bench apps/microllm; do
+for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench benchmarks/allreduce_bench \
+               benchmarks/persistent_mlp_bench apps/microllm; do
   [ -f "$build/$program" ] && cp "$build/$program" .device/bin/
 done
 for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done
