@@ -12,8 +12,12 @@ event, an error object in the stream, a missing [DONE], a finish_reason other th
 time (tokens from the `usage` of the final chunk; counted as content chunks when a server sends no usage),
 time to first token (from sending the request to the first chunk with text) p50/p95/max, the gaps between content chunks (inter-token latency when each chunk carries
 one token; a server may put several tokens in a chunk, see chunks/token) p50/p95, and the time per output
-token of each request after its first ((last - first chunk) / (tokens - 1)) p50/p95. With microllm serve also
-the mean batch size from /metrics. Exit code 1 if any request failed (or none completed).
+token of each request after its first ((last - first chunk) / (tokens - 1)) p50/p95; the time to first token
+of each client's first request apart (the burst at the start: every client sends at once). With microllm serve
+also the mean batch size and the server's own time to first token (from a request's arrival; the histogram
+of /metrics, so each quantile as the bucket bound that covers it): the client's figure less the server's is
+the time outside the engine (connection, HTTP threads, this script). Exit code 1 if any request failed (or
+none completed).
 
     python3 benchmarks/serve_load.py --url http://127.0.0.1:8080 [--clients 64] [--duration 60] [--max-tokens 64]
     python3 benchmarks/serve_load.py --spawn "microllm serve --model DIR --port 0 --device cuda --dtype bf16" ...
@@ -27,6 +31,7 @@ import argparse
 import datetime
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -89,6 +94,7 @@ class Stats:
         self.usage_missing = 0
         self.finish_reasons = {}
         self.ttft = []
+        self.ttft_first = []  # each client's first request: the start's burst
         self.gaps = []
         self.tpot = []
         self.latency = []
@@ -183,6 +189,7 @@ def client(index, args, url, stats, clock, barrier):
     rng = random.Random(args.seed * 1000003 + index)
     barrier.wait()  # the main thread sets the clock before it arrives, last
     start, deadline = clock["start"], clock["deadline"]
+    first = True
     while time.perf_counter() < deadline:
         try:
             r = one_request(args, url, rng)
@@ -207,6 +214,9 @@ def client(index, args, url, stats, clock, barrier):
             stats.latency.append(r["ended"] - r["sent"])
             if times:
                 stats.ttft.append(times[0] - r["sent"])
+                if first:
+                    stats.ttft_first.append(times[0] - r["sent"])
+                first = False
                 stats.gaps.extend(b - a for a, b in zip(times, times[1:]))
                 if tokens and tokens > 1 and len(times) > 1:
                     stats.tpot.append((times[-1] - times[0]) / (tokens - 1))
@@ -222,21 +232,35 @@ def http_get(url, path, timeout=5.0):
         conn.close()
 
 
-def server_batching(url):
-    """Mean batch size from microllm serve's /metrics (None when it has none)."""
+def server_metrics(url):
+    """From microllm serve's /metrics: (mean batch size, time-to-first-token quantiles), each None when absent.
+    The quantiles {"p50", "p95", "max": seconds, "count": requests} are histogram bucket bounds: the smallest
+    bound whose cumulative count covers the quantile (None past the last finite bound)."""
     try:
         status, text = http_get(url, "/metrics")
     except OSError:
-        return None
+        return None, None
     if status != 200:
-        return None
-    values = {}
+        return None, None
+    values, buckets = {}, []
     for line in text.splitlines():
         m = re.match(r"^(microllm_batches_total|microllm_batched_requests_total) ([0-9.eE+]+)$", line)
         if m:
             values[m.group(1)] = float(m.group(2))
+        m = re.match(r'^microllm_time_to_first_token_seconds_bucket\{le="([^"]+)"\} ([0-9.eE+]+)$', line)
+        if m:
+            buckets.append((float(m.group(1)), float(m.group(2))))  # "+Inf" parses as inf
     batches = values.get("microllm_batches_total")
-    return values["microllm_batched_requests_total"] / batches if batches else None
+    batching = values["microllm_batched_requests_total"] / batches if batches else None
+    ttft = None
+    if buckets and buckets[-1][1] > 0:
+        buckets.sort()
+        count = buckets[-1][1]
+        def bound(q):
+            return next(le for le, cumulative in buckets if cumulative >= q * count)
+        ttft = {"p50": bound(0.5), "p95": bound(0.95), "max": bound(1.0), "count": int(count)}
+        ttft = {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in ttft.items()}  # JSON has no inf
+    return batching, ttft
 
 
 class SpawnedServer:
@@ -295,7 +319,11 @@ def fmt_ms(seconds):
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
-def report(args, url, stats, wall, batching, server_note):
+def fmt_bound(seconds):
+    return "past the last bucket" if seconds is None else f"<= {seconds * 1000:g} ms"
+
+
+def report(args, url, stats, wall, batching, server_ttft, server_note):
     command = shlex.join(["python3"] + sys.argv)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tokens = stats.completion_tokens
@@ -310,6 +338,9 @@ def report(args, url, stats, wall, batching, server_note):
         "requests_per_second": stats.completed / wall if wall > 0 else 0.0,
         "ttft_s": {"p50": percentile(stats.ttft, 50), "p95": percentile(stats.ttft, 95),
                    "max": max(stats.ttft) if stats.ttft else None},
+        "ttft_first_request_s": {"p50": percentile(stats.ttft_first, 50),
+                                 "max": max(stats.ttft_first) if stats.ttft_first else None},
+        "server_ttft_bucket_s": server_ttft,
         "chunk_gap_s": {"p50": percentile(stats.gaps, 50), "p95": percentile(stats.gaps, 95)},
         "tpot_s": {"p50": percentile(stats.tpot, 50), "p95": percentile(stats.tpot, 95)},
         "latency_s": {"p50": percentile(stats.latency, 50), "p95": percentile(stats.latency, 95)},
@@ -325,6 +356,10 @@ def report(args, url, stats, wall, batching, server_note):
                                               if stats.usage_missing else "")),
         ("generated tokens/s (aggregate)", f"{s['tokens_per_second']:,.1f}"),
         ("time to first token p50 / p95 / max", " / ".join(fmt_ms(s["ttft_s"][k]) for k in ("p50", "p95", "max"))),
+        ("... of each client's first request p50 / max",
+         " / ".join(fmt_ms(s["ttft_first_request_s"][k]) for k in ("p50", "max"))),
+        ("... in the server (/metrics buckets) p50 / p95 / max",
+         "-" if server_ttft is None else " / ".join(fmt_bound(server_ttft[k]) for k in ("p50", "p95", "max"))),
         ("inter-token latency (gap between content chunks) p50 / p95",
          " / ".join(fmt_ms(s["chunk_gap_s"][k]) for k in ("p50", "p95"))),
         ("time per output token after the first p50 / p95", " / ".join(fmt_ms(s["tpot_s"][k]) for k in ("p50", "p95"))),
@@ -384,7 +419,7 @@ def main():
     signal.signal(signal.SIGTERM, interrupted)
     stats = Stats()
     start = time.perf_counter()
-    wall, batching = 0.0, None
+    wall, batching, server_ttft = 0.0, None, None
     try:
         if args.spawn:
             log_path = args.server_log or os.path.join(tempfile.mkdtemp(prefix="serve-load-"), "server.log")
@@ -414,14 +449,14 @@ def main():
         except KeyboardInterrupt:
             stats.error(start, "interrupted (SIGINT or SIGTERM) before the clients finished")
         wall = time.perf_counter() - start
-        batching = server_batching(url)
+        batching, server_ttft = server_metrics(url)
     finally:
         if server is not None:
             code = server.stop()
             if code not in (0, None) and url is not None:
                 stats.error(start, f"the spawned server exited with {code}: {server.log_text()[-500:]!r}")
 
-    text, summary = report(args, url, stats, wall, batching, server_note)
+    text, summary = report(args, url, stats, wall, batching, server_ttft, server_note)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

@@ -46,6 +46,12 @@ void run_load(const std::string& extra_flags) {
   EXPECT_EQ(summary["errors"].get<int64_t>(), 0) << summary.dump(2);
   EXPECT_GT(summary["completion_tokens"].get<int64_t>(), 0) << summary.dump(2);
   EXPECT_EQ(summary["usage_missing"].get<int64_t>(), 0) << "microllm serve sends usage in the last chunk";
+  // The server's own time to first token, from /metrics: one observation per request it answered.
+  const nlohmann::json& server_ttft = summary["server_ttft_bucket_s"];
+  ASSERT_TRUE(server_ttft.is_object()) << summary.dump(2);
+  EXPECT_EQ(server_ttft["count"].get<int64_t>(), summary["requests_completed"].get<int64_t>()) << summary.dump(2);
+  EXPECT_LE(server_ttft["p50"].get<double>(), server_ttft["max"].get<double>()) << summary.dump(2);
+  EXPECT_GT(summary["ttft_first_request_s"]["max"].get<double>(), 0) << summary.dump(2);
 }
 
 TEST(ServeLoad, CompletionsFourClientsThreeSeconds) { run_load(""); }

@@ -1,13 +1,20 @@
 // The server in-process on a loopback port (ephemeral), over a tiny random model directory, driven by
 // httplib::Client: completions and chat completions with stream false and true (SSE, [DONE], usage), greedy
 // text equal to generate::generate_text, stop strings, 4xx error objects, /metrics counters, a streaming
-// client that disconnects, and concurrent clients (greedy ones batched, each equal to its run alone).
+// client that disconnects, concurrent clients (greedy ones batched, each equal to its run alone), and an accept
+// queue deep enough for a burst of clients.
 #include "microllm/serve/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -377,6 +384,36 @@ TEST_F(ServeTest, ConcurrentClientsAllSucceed) {
     EXPECT_EQ(texts[static_cast<size_t>(i)], refs[static_cast<size_t>(i)].text) << i;
   }
   EXPECT_EQ(sampled[0], sampled[1]);
+}
+
+// The listening socket of this process bound to `port`: found among the open descriptors, since the server
+// keeps it to itself. -1 when there is none.
+int listening_socket_on(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    sockaddr_in address{};
+    socklen_t length = sizeof(address);
+    int listening = 0;
+    socklen_t flag_length = sizeof(listening);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 || address.sin_family != AF_INET ||
+        ntohs(address.sin_port) != port) {
+      continue;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) == 0 && listening) return fd;
+  }
+  return -1;
+}
+
+// A burst of clients that connect at once must not overflow the accept queue: the kernel would drop the extra
+// handshakes and those clients would wait for TCP's 1 s retry before their first token. Linux's TCP_INFO of a
+// listening socket reports its backlog in tcpi_sacked (cpp-httplib's own is 5).
+TEST_F(ServeTest, AcceptQueueHoldsABurstOfClients) {
+  const int fd = listening_socket_on(server_->port());
+  ASSERT_GE(fd, 0) << "no listening socket on port " << server_->port();
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  ASSERT_EQ(getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length), 0) << std::strerror(errno);
+  EXPECT_GE(info.tcpi_sacked, 64u) << "the accept queue holds " << info.tcpi_sacked << " connections";
+  EXPECT_EQ(client().Get("/health")->status, 200);  // and it still serves
 }
 
 TEST(ServeAuth, ApiKeyIsRequiredOnV1) {
