@@ -485,7 +485,7 @@ struct Engine::Impl {
     next_buffer ^= 1;
     const auto b = static_cast<size_t>(options.max_batch);
     int32_t* host = host_steps[buffer];
-    std::fill_n(host, kStepRows * b, 0);  // kFirstIds: written below for the rows that upload it
+    std::fill_n(host + kRopePositions * b, b, 0);  // each row once; kFirstIds only where a row uploads it
     std::fill_n(host + kAttentionPositions * b, b, -1);
     std::fill_n(host + kSlots * b, b, -1);
     StepInFlight step{{}, buffer};

@@ -65,26 +65,25 @@ step_tests() {
   done
 }
 
+# One compute-sanitizer run: sanitize_run LOG TOOL PROGRAM GTEST_FILTER SECONDS, its summary printed.
+sanitize_run() {
+  timeout "$5" compute-sanitizer --tool "$2" --error-exitcode 9 "$bin/$3" --gtest_filter="$4" --gtest_brief=1 \
+    > "$RES/logs/sanitizer_$1.log" 2>&1
+  echo "== compute-sanitizer $2, $1: exit $?"
+  grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_$1.log" | head -5
+}
+
 step_sanitize() {
+  local tool
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-    timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/ops_tests" \
-      --gtest_filter="${SANITIZE_FILTER:-Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*}" \
-      --gtest_brief=1 \
-      > "$RES/logs/sanitizer_$tool.log" 2>&1
-    echo "== compute-sanitizer $tool: exit $?"
-    grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_$tool.log" | head -5
+    sanitize_run "$tool" "$tool" ops_tests \
+      "${SANITIZE_FILTER:-Dtypes/CudaParityTest.*/cuda_bf16:Dtypes/CudaParityTest.*/cuda_f32:-*AttentionEdgeCases*}" 400
   done
   # The runtime's own tests, minus the one that provokes cudaMalloc failures on purpose (memcheck reports
   # each failed API call as an error).
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/core_tests" \
-    --gtest_filter='*Cuda*:*cuda*:-*OutOfMemoryIsAnErrorNotACrash*' --gtest_brief=1 > "$RES/logs/sanitizer_core.log" 2>&1
-  echo "== compute-sanitizer memcheck core_tests: exit $?"
-  grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_core.log" | head -5
+  sanitize_run core memcheck core_tests '*Cuda*:*cuda*:-*OutOfMemoryIsAnErrorNotACrash*' 200
   # The serving engine on CUDA: graph replays, the step buffers' asynchronous copies, steps in flight.
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/generate_tests" \
-    --gtest_filter='*Engine*cuda*' --gtest_brief=1 > "$RES/logs/sanitizer_engine.log" 2>&1
-  echo "== compute-sanitizer memcheck engine tests: exit $?"
-  grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_engine.log" | head -5
+  sanitize_run engine memcheck generate_tests '*Engine*cuda*' 300
   step_sanitize_decode
 }
 
@@ -96,12 +95,7 @@ step_sanitize_decode() {
   tests+=':Dtypes/DecodeGemvCudaTest.ReplaysInsideACudaGraph/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.DecodeAttentionMatchesTheCpu/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.QwenAndR1DecodeShapes/cuda_bf16'
-  for tool in racecheck synccheck; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$bin/ops_tests" --gtest_filter="$tests" \
-      --gtest_brief=1 > "$RES/logs/sanitizer_decode_$tool.log" 2>&1
-    echo "== compute-sanitizer $tool, decode kernels: exit $?"
-    grep -E 'SUMMARY|PASSED|FAILED' "$RES/logs/sanitizer_decode_$tool.log" | head -5
-  done
+  for tool in racecheck synccheck; do sanitize_run "decode_$tool" "$tool" ops_tests "$tests" 200; done
 }
 
 step_bench() {

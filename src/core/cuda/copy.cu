@@ -20,6 +20,10 @@ namespace {
 
 // ---- transfer counters ----
 std::atomic<uint64_t> g_h2d{0}, g_h2d_bytes{0}, g_d2h{0}, g_d2h_bytes{0}, g_d2d{0}, g_d2d_bytes{0};
+void count_copy(std::atomic<uint64_t>& copies, std::atomic<uint64_t>& bytes, size_t nbytes) {
+  ++copies;
+  bytes += nbytes;
+}
 
 // ---- pinned staging: two buffers, so the host fills one while the copy engine drains the other ----
 constexpr size_t kStagingBytes = size_t{8} << 20;
@@ -272,12 +276,10 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   if (nbytes == 0) return;
   if (dst_device.is_cuda() && src_device.is_cpu()) {
     host_to_device(dst, src, nbytes, dst_device.index);
-    ++g_h2d;
-    g_h2d_bytes += nbytes;
+    count_copy(g_h2d, g_h2d_bytes, nbytes);
   } else if (dst_device.is_cpu() && src_device.is_cuda()) {
     device_to_host(dst, src, nbytes, src_device.index);
-    ++g_d2h;
-    g_d2h_bytes += nbytes;
+    count_copy(g_d2h, g_d2h_bytes, nbytes);
     check_cuda_device_errors(src_device.index);  // the host waited for the device: read its reports
   } else if (dst_device.is_cuda() && src_device.is_cuda()) {
     CudaDeviceGuard guard(dst_device.index);
@@ -288,8 +290,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
       MICROLLM_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, stream));
       MICROLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    ++g_d2d;
-    g_d2d_bytes += nbytes;
+    count_copy(g_d2d, g_d2d_bytes, nbytes);
   } else {
     throw DeviceError("copy", "host to host copies do not go through CUDA");
   }
@@ -351,8 +352,8 @@ void copy_async(void* dst, const void* src, size_t bytes, CopyDirection directio
   if (bytes == 0) return;
   detail::CudaDeviceGuard guard(stream.device());
   const bool up = direction == CopyDirection::host_to_device;
-  ++(up ? detail::g_h2d : detail::g_d2h);
-  (up ? detail::g_h2d_bytes : detail::g_d2h_bytes) += bytes;
+  if (up) detail::count_copy(detail::g_h2d, detail::g_h2d_bytes, bytes);
+  else detail::count_copy(detail::g_d2h, detail::g_d2h_bytes, bytes);
   MICROLLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
                                       static_cast<cudaStream_t>(stream.handle())));
 }
