@@ -63,6 +63,21 @@ void report(const std::string& op, const std::string& model, int64_t tokens, con
   std::fflush(stdout);
 }
 
+// Causal attention forward and backward in the model's [B, T, H, D] layout.
+void attention_rows(const Model& m, int64_t batch, int64_t t) {
+  const double e = 2;  // bf16 bytes
+  const Tensor aq = random({batch, t, m.heads, m.head_dim}), ak = random({batch, t, m.kv_heads, m.head_dim});
+  const Tensor av = random({batch, t, m.kv_heads, m.head_dim}), ado = random({batch, t, m.heads, m.head_dim});
+  const double attn_flops = 4.0 * batch * m.heads * m.head_dim * (t * (t + 1) / 2.0);  // causal: half the scores
+  const std::string shape = str_cat("B", batch, " T", t, " H", m.heads, "/", m.kv_heads, " D", m.head_dim);
+  const double rows = static_cast<double>(batch * t);
+  report("attention_fwd", m.name, t, shape, e * rows * (2 * m.heads + 2 * m.kv_heads) * m.head_dim, attn_flops,
+         [&] { attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2)); });
+  const AttentionResult fwd = attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2));
+  report("attention_bwd", m.name, t, shape, e * rows * (4 * m.heads + 4 * m.kv_heads) * m.head_dim, 2.5 * attn_flops,
+         [&] { attention_backward(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2), fwd, ado.transpose(1, 2)); });
+}
+
 void model_ops(const Model& m) {
   const double e = 2;  // bf16 bytes
   for (int64_t t : {int64_t{1}, int64_t{512}, int64_t{2048}}) {
@@ -97,20 +112,10 @@ void model_ops(const Model& m) {
         cross_entropy(logits, targets);
         cross_entropy_backward(logits, targets, one);
       });
-      // Causal attention, batch 1, in the model's [B, T, H, D] layout.
-      const Tensor aq = random({1, t, m.heads, m.head_dim}), ak = random({1, t, m.kv_heads, m.head_dim});
-      const Tensor av = random({1, t, m.kv_heads, m.head_dim}), ado = random({1, t, m.heads, m.head_dim});
-      const double attn_flops = 4.0 * m.heads * m.head_dim * (t * (t + 1) / 2.0);  // causal: half the scores
-      const std::string shape = str_cat("B1 T", t, " H", m.heads, "/", m.kv_heads, " D", m.head_dim);
-      report("attention_fwd", m.name, t, shape, e * (2 * t * m.heads + 2 * t * m.kv_heads) * m.head_dim, attn_flops,
-             [&] { attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2)); });
-      const AttentionResult fwd = attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2));
-      report("attention_bwd", m.name, t, shape, e * (4 * t * m.heads + 4 * t * m.kv_heads) * m.head_dim,
-             2.5 * attn_flops, [&] {
-               attention_backward(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2), fwd, ado.transpose(1, 2));
-             });
+      attention_rows(m, 1, t);  // a prefill
     }
   }
+  attention_rows(m, 8, 1024);  // a training batch
   // Decode attention: batch 8, one new token against a 2048-token cache.
   const int64_t batch = 8, context = 2048;
   const Tensor q = random({batch, m.heads, 1, m.head_dim});

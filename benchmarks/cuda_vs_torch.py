@@ -6,6 +6,7 @@ at the same shapes (CUDA events, warm-up, median), and prints a markdown table w
 GB/s and TFLOP/s and the speed ratio (torch time / microLLM time: above 1 means microLLM is faster).
 
     python3 benchmarks/cuda_vs_torch.py --bench build/cuda-release/benchmarks/cuda_ops_bench [--out table.md]
+                                        [--filter SUBSTRING]   (only the rows cuda_ops_bench --filter selects)
 """
 import argparse
 import datetime
@@ -120,13 +121,14 @@ def torch_fn(line):
             F.cross_entropy(logits, targets).backward()
         return run
     if op in ("attention_fwd", "attention_bwd"):
-        q = rand(1, t, nh, d).transpose(1, 2).requires_grad_()
-        k = rand(1, t, nkv, d).transpose(1, 2).requires_grad_()
-        v = rand(1, t, nkv, d).transpose(1, 2).requires_grad_()
+        b = int(line["shape"].split()[0][1:])  # "B8 T1024 ..."
+        q = rand(b, t, nh, d).transpose(1, 2).requires_grad_()
+        k = rand(b, t, nkv, d).transpose(1, 2).requires_grad_()
+        v = rand(b, t, nkv, d).transpose(1, 2).requires_grad_()
         if op == "attention_fwd":
             return lambda: sdpa(q, k, v, True)
         out = sdpa(q, k, v, True)
-        do = rand(1, t, nh, d).transpose(1, 2)
+        do = rand(b, t, nh, d).transpose(1, 2)
         return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
     if op == "attention_decode":
         q, k, v = rand(8, nh, 1, d), rand(8, nkv, 2048, d), rand(8, nkv, 2048, d)
@@ -143,9 +145,11 @@ def main():
     parser.add_argument("--bench", required=True, help="path to the cuda_ops_bench program")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", help="also write the table to this markdown file")
+    parser.add_argument("--filter", help="only the rows whose 'op model' contains this (cuda_ops_bench --filter)")
     args = parser.parse_args()
 
-    result = subprocess.run([args.bench, "--reps", str(args.reps)], capture_output=True, text=True)
+    command = [args.bench, "--reps", str(args.reps)] + (["--filter", args.filter] if args.filter else [])
+    result = subprocess.run(command, capture_output=True, text=True)
     sys.stderr.write(result.stderr)
     if result.returncode != 0:
         sys.exit(f"cuda_ops_bench failed with status {result.returncode}")
@@ -170,7 +174,8 @@ def main():
     header = [
         f"# microLLM CUDA ops vs PyTorch ({datetime.date.today().isoformat()})",
         "",
-        f"Command: `python3 benchmarks/cuda_vs_torch.py --bench {args.bench} --reps {args.reps}`",
+        f"Command: `python3 benchmarks/cuda_vs_torch.py --bench {args.bench} --reps {args.reps}"
+        + (f" --filter '{args.filter}'" if args.filter else "") + "`",
         f"Machine: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, {platform.node()}",
         "Times are medians of CUDA-event timings after warm-up; ratio = torch ms / microLLM ms (> 1: microLLM faster);",
         "% copy = achieved bytes/s over the device-to-device copy bandwidth measured in this run.",

@@ -217,6 +217,8 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
   const Tensor mask = Tensor::from_vector(mask_values, {1, 1, 3, 300});
   AttentionParams decode;
   decode.q_offset = 297;
+  AttentionParams late_chunk;  // a prefill chunk late in a long prompt
+  late_chunk.q_offset = 1000;
   for (const ParityCase& c : std::vector<ParityCase>{
            {"flash q_offset", {rand({2, 40, 14, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1),
                                rand({2, 40, 14, 64}, -1, 1)}, fwd_bwd(chunked)},
@@ -224,6 +226,17 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
                                  rand({1, 77, 12, 128}, -1, 1)}, fwd_bwd(full)},
            {"flash one split", {rand({8, 1200, 4, 64}, -1, 1), rand({8, 1200, 2, 64}, -1, 1), rand({8, 1200, 2, 64}, -1, 1),
                                 rand({8, 1200, 4, 64}, -1, 1)}, fwd_bwd(AttentionParams{})},
+           // Too few query blocks to fill the GPU: the forward splits their keys over several CTAs and merges
+           // them (attention_flash_fwd.cu; these shapes split on any GPU of 36 SMs or more).
+           {"flash split keys d128", {rand({1, 1024, 2, 128}, -1, 1), rand({1, 1024, 1, 128}, -1, 1),
+                                      rand({1, 1024, 1, 128}, -1, 1), rand({1, 1024, 2, 128}, -1, 1)},
+            fwd_bwd(AttentionParams{})},
+           {"flash split keys q_offset", {rand({1, 200, 4, 64}, -1, 1), rand({1, 1200, 2, 64}, -1, 1),
+                                          rand({1, 1200, 2, 64}, -1, 1), rand({1, 200, 4, 64}, -1, 1)},
+            fwd_bwd(late_chunk)},
+           {"flash split keys non-causal", {rand({1, 100, 2, 128}, -1, 1), rand({1, 1500, 2, 128}, -1, 1),
+                                            rand({1, 1500, 2, 128}, -1, 1), rand({1, 100, 2, 128}, -1, 1)},
+            fwd_bwd(full)},
            {"decode masked d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
                                    rand({2, 3, 4, 128}, -1, 1), mask}, fwd_bwd(decode)},
            {"decode d40", {rand({3, 1, 6, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1),

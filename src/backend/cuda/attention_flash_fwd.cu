@@ -1,22 +1,36 @@
 // Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64 and 128, on tensor cores.
 //
-// One CTA per (batch, query head, block of BR = 128 query rows); 4 warps, each owning 32 query rows as
-// two m16 tiles (MT = 2), the shape FlashAttention-2 uses on sm80/sm90: two m tiles per warp halve the
-// shared-memory traffic per mma, since every K/V fragment loaded by ldmatrix feeds both.
+// One CTA per (batch, query head, block of BR = 128 query rows); 8 warps, each owning 16 query rows (one
+// m16 tile, MT = 1). FlashAttention-2's sm80 shape, 4 warps of two m tiles (every K/V fragment loaded by
+// ldmatrix feeds both), reads shared memory half as often per mma, yet on the H200 the 8-warp shape was
+// faster everywhere measured (cuda_ops_bench attention_fwd, 2026-11-30, with the split keys below; 4 warps
+// x 2 m tiles with BC 64 / 32 -> 8 warps x 1 with BC 64): B1 T2048 D64 68.7 -> 61.7 us, D128 98.8 ->
+// 91.9 us; B8 T1024 D64 118.7 -> 97.2 us, D128 155.8 -> 138.1 us.
 // K and V tiles of BC keys stream through shared memory, double-buffered with cp.async (the load of tile
 // j + 1 is in flight while tile j is computed). Per tile and warp:
-//   S [32 x BC] = Q K^T     (mma.m16n8k16; Q and K fragments by ldmatrix from swizzled shared memory)
+//   S [16 x BC] = Q K^T     (mma.m16n8k16; Q and K fragments by ldmatrix from swizzled shared memory)
 //   online softmax in registers, in log2 units (s * scale * log2 e, exp2f), running max m and sum l
-//   O [32 x D] += P V       (P re-packed from the S accumulators into A fragments: no shared memory;
+//   O [16 x D] += P V       (P re-packed from the S accumulators into A fragments: no shared memory;
 //                            V fragments by ldmatrix.trans)
 // Causal: the CTA stops at its last row's diagonal; only tiles that cross it (or the end of the keys)
 // are masked. [T, S] is never materialized. Output goes through shared memory for 16-byte stores; lse
 // (natural log) is written for the backward.
 //
-// Tiles: D 64: BC = 64 keys (233 registers); D 128: BC = 32 (255 registers: O alone is 2x16x4 f32; BC 64
-// spilled 128 bytes). Both spill-free at launch bounds (128, 2), i.e. two CTAs (8 warps) per SM.
-// Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks XOR-swizzled):
-// 48 KiB (D 64) and 64 KiB (D 128).
+// Split keys. A causal block's work grows with its position, so when B x Hq x query blocks is small
+// (a batch-1 prefill: Qwen2.5-0.5B T 2048 is 224 CTAs for 264 slots of an H200) the last block, which
+// reads every key, sets the kernel's time while most SMs idle: 128 rows x 2048 keys alone took 131 us of
+// a 131 us R1-1.5B layer. Then the host picks a chunk of key tiles near one slot's share of all the work
+// (split_plan) and a block longer than that runs as several CTAs (grid.z), split s taking the chunk that
+// ends s chunks before the block's last tile (split 0 holds the diagonal; the first key tiles are the
+// shortest, last-launched piece). Each such CTA writes its rows' unnormalized f32 sums and (max, sum);
+// flash_combine_kernel, a warp per row, merges them as the decode path's combine does. Blocks no longer
+// than a chunk write their output directly. Measured (H200, 4-warp tiles, medians of 30): B1 T2048 D64
+// 91.4 -> 69.0 us, D128 132.1 -> 99.8 us; R1-1.5B prefill of 2,048 tokens 125.0K -> 133.3K tok/s. A chunk
+// of half or 3/4 of the share was slower (77.5 / 80.9 us at D64).
+//
+// Tiles: BC = 64 keys for both head dims; launch bounds (256, 2), i.e. two CTAs (16 warps) an SM at <= 128
+// registers (D 64: 127; D 128: 128 and a 48-byte stack frame). Shared memory: Q [BR][D], K [2][BC][D],
+// V [2][BC][D] (bf16/f16, 16-byte chunks XOR-swizzled): 48 KiB (D 64) and 96 KiB (D 128).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -40,7 +54,22 @@ struct FwdArgs {
   int q_heads, group, q_len, kv_len, q_offset;
   bool causal;
   float scale_log2;  // scale * log2(e)
+  // Split keys (the header comment); chunk_tiles 0: one CTA per query block, no partials.
+  int chunk_tiles;     // key tiles per split
+  int n_split;         // splits of the longest block: the partials' stride
+  int split_row0;      // first row of the first block that splits (later blocks split too: kv_end grows)
+  int split_rows;      // q_len - split_row0
+  float* part_o;       // [B * Hq][split_rows][n_split][D], sum_j p_j v_j with p = 2^(s_j - m)
+  float2* part_ml;     // [B * Hq][split_rows][n_split]: (m in natural-log units, sum_j p_j)
 };
+
+// Keys that query block [q0, q0 + rows) reads: up to its last row's diagonal when causal (>= 1: key 0 is
+// always visible). One formula for the host's split plan and both kernels.
+MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
+  const int q_last = (q0 + rows < a.q_len ? q0 + rows : a.q_len) - 1;
+  const int causal_end = a.q_offset + q_last + 1;
+  return a.causal && causal_end < a.kv_len ? causal_end : a.kv_len;
+}
 
 template <int D, int BC, int NW, int MT>
 struct FwdTile {
@@ -87,10 +116,12 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
   const T* kg = static_cast<const T*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
 
-  // Keys this block needs: up to the last row's diagonal when causal (>= 1: key 0 is always visible).
-  const int q_last = min(q0 + BR, a.q_len) - 1;
-  const int kv_end = a.causal ? min(a.kv_len, a.q_offset + q_last + 1) : a.kv_len;
-  const int n_tiles = (kv_end + BC - 1) / BC;
+  // Key tiles of this CTA: the block's all, or split blockIdx.z's chunk of them (the header comment).
+  const int n_tiles = (block_kv_end(a, q0, BR) + BC - 1) / BC;
+  const bool partial = a.chunk_tiles > 0 && n_tiles > a.chunk_tiles;
+  const int tile_end = partial ? n_tiles - static_cast<int>(blockIdx.z) * a.chunk_tiles : n_tiles;
+  if (tile_end <= 0 || (!partial && blockIdx.z > 0)) return;  // a split past this block's keys
+  const int tile_begin = partial ? max(0, tile_end - a.chunk_tiles) : 0;
 
   // Per-lane byte offsets of the three ldmatrix patterns at block (0, 0); see block_offset().
   constexpr int kRowBytes = D * 2;
@@ -100,8 +131,8 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
   const uint32_t v_lane = swizzle(kn_lane_row(lane), kn_lane_chunk(lane), CH) * 16;
 
   load_tile<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
-  load_tile<BC, D, THREADS>(sK, kg, a.k_stride[2], 0, a.kv_len);
-  load_tile<BC, D, THREADS>(sV, vg, a.v_stride[2], 0, a.kv_len);
+  load_tile<BC, D, THREADS>(sK, kg, a.k_stride[2], tile_begin * BC, a.kv_len);
+  load_tile<BC, D, THREADS>(sV, vg, a.v_stride[2], tile_begin * BC, a.kv_len);
   cp_async_commit();
 
   float o[MT][D / 8][4];                    // O accumulators, C layout: [m tile][d tile of 8][c0..c3]
@@ -114,18 +145,19 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
-  for (int jt = 0; jt < n_tiles; ++jt) {
+  for (int jt = tile_begin; jt < tile_end; ++jt) {
+    const int stage_now = (jt - tile_begin) & 1;
     // Prefetch tile jt + 1 into the other stage (freed by the barrier that ended iteration jt - 1).
-    if (jt + 1 < n_tiles) {
-      const int stage = (jt + 1) & 1;
+    if (jt + 1 < tile_end) {
+      const int stage = stage_now ^ 1;
       load_tile<BC, D, THREADS>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
       load_tile<BC, D, THREADS>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile jt
     cp_async_wait<1>();
     __syncthreads();
-    const uint32_t sKs = sK_u + (jt & 1) * BC * kRowBytes;
-    const uint32_t sVs = sV_u + (jt & 1) * BC * kRowBytes;
+    const uint32_t sKs = sK_u + stage_now * BC * kRowBytes;
+    const uint32_t sVs = sV_u + stage_now * BC * kRowBytes;
 
     // ---- S = Q K^T: [MT m tiles][BC / 8 n tiles] ----
     float s[MT][BC / 8][4];
@@ -221,7 +253,31 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
         }
       }
     }
-    __syncthreads();  // every warp is done with stage jt & 1 before iteration jt + 1 refills it
+    __syncthreads();  // every warp is done with this stage before iteration jt + 1 refills it
+  }
+
+  if (partial) {  // this split's rows for flash_combine_kernel: unnormalized sums and (max, sum)
+    const int64_t bh = blockIdx.x;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float l = row_sum[mt][hf];
+        l += MICROLLM_SHFL_XOR(l, 1);
+        l += MICROLLM_SHFL_XOR(l, 2);
+        const int row = q0 + warp_row0 + mt * 16 + g + hf * 8;
+        if (row >= a.q_len) continue;
+        const int64_t slot = (bh * a.split_rows + (row - a.split_row0)) * a.n_split + blockIdx.z;
+        if (t4 == 0) {
+          a.part_ml[slot] = make_float2(l > 0.f ? row_max[mt][hf] * 0.69314718055994531f : -INFINITY, l);
+        }
+        float* o_row = a.part_o + slot * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; ++dn) {
+          *reinterpret_cast<float2*>(o_row + dn * 8 + 2 * t4) = make_float2(o[mt][dn][2 * hf], o[mt][dn][2 * hf + 1]);
+        }
+      }
+    return;
   }
 
   // ---- epilogue: O / l through this warp's own rows of sQ (no other warp reads them), lse ----
@@ -258,15 +314,110 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs
   }
 }
 
+// Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]):
+// out = sum_s w_s o_s / sum_s w_s l_s with w_s = e^(m_s - max m), lse = max m + log(sum); splits that saw
+// no key (l = 0) weigh nothing, and a row that saw none gets 0 and -inf, as the unsplit kernel writes.
+template <typename T, int D, int BR, int BC>
+__global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int64_t rows) {
+  constexpr int E = D / 32;  // elements per lane
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (w >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = w / a.split_rows;
+  const int row = a.split_row0 + static_cast<int>(w % a.split_rows);
+  const int n_tiles = (block_kv_end(a, row / BR * BR, BR) + BC - 1) / BC;
+  const int used = (n_tiles + a.chunk_tiles - 1) / a.chunk_tiles;
+  const float2* ml = a.part_ml + w * a.n_split;
+
+  float mx = -INFINITY;
+  for (int s = lane; s < used; s += 32) {
+    if (ml[s].y > 0.f) mx = fmaxf(mx, ml[s].x);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, MICROLLM_SHFL_XOR(mx, off));
+  float sum = 0.f, acc[E] = {};
+  for (int s = 0; s < used; ++s) {
+    const float2 st = ml[s];
+    if (!(st.y > 0.f)) continue;
+    const float ws = expf(st.x - mx);
+    sum += ws * st.y;
+    const float* o = a.part_o + (w * a.n_split + s) * D + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] += ws * o[e];
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* out = static_cast<T*>(a.out) + (bh * a.q_len + row) * D + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; e += 2) *reinterpret_cast<uint32_t*>(out + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
+  if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+}
+
+// CTAs of this kernel one SM holds (occupancy, asked once per device).
+template <auto Kernel>
+int ctas_per_sm(int threads, int smem_bytes, int device) {
+  static std::atomic<int> cached[64] = {};
+  std::atomic<int>& slot = cached[device & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    MICROLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, smem_bytes));
+    n = std::max(n, 1);
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// The split plan (the header comment): a chunk near one slot's share of the key tiles of all blocks, never
+// under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the longest
+// block is well over that share.
+constexpr int kMinChunkKeys = 256;
+
+void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t slots) {
+  a.chunk_tiles = 0;
+  const int n_blocks = (a.q_len + rows - 1) / rows;
+  int64_t total = 0;
+  int longest = 0;
+  for (int i = 0; i < n_blocks; ++i) {
+    const int tiles = (block_kv_end(a, i * rows, rows) + tile_keys - 1) / tile_keys;
+    total += tiles;
+    longest = std::max(longest, tiles);
+  }
+  const int64_t share = (bh * total + slots - 1) / slots;
+  const int chunk = static_cast<int>(std::max<int64_t>(share, (kMinChunkKeys + tile_keys - 1) / tile_keys));
+  if (2 * longest <= 3 * share || longest <= chunk) return;
+  int first = 0;  // kv_end never shrinks with the block (causal) or is kv_len for all: splits are a suffix
+  while ((block_kv_end(a, first * rows, rows) + tile_keys - 1) / tile_keys <= chunk) ++first;
+  a.chunk_tiles = chunk;
+  a.n_split = (longest + chunk - 1) / chunk;
+  a.split_row0 = first * rows;
+  a.split_rows = a.q_len - a.split_row0;
+}
+
 template <typename T, int D, int BC, int NW, int MT>
-void launch_forward(const FwdArgs& args, int64_t batch, cudaStream_t stream, int device) {
+void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
   using Tile = FwdTile<D, BC, NW, MT>;
   constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
-  const dim3 grid(static_cast<unsigned>(batch * args.q_heads),
-                  static_cast<unsigned>((args.q_len + Tile::kRows - 1) / Tile::kRows));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(args);
+  const int64_t bh = batch * a.q_heads;
+  const int64_t slots =
+      int64_t{multiprocessor_count(device)} * ctas_per_sm<kernel>(Tile::kThreads, Tile::kSmemBytes, device);
+  split_plan(a, bh, Tile::kRows, BC, slots);
+  Tensor part_o, part_ml;
+  if (a.chunk_tiles > 0) {
+    const Device dev = Device::cuda(device);
+    const int64_t partial_rows = bh * a.split_rows * a.n_split;
+    part_o = Tensor::empty({partial_rows * D}, DType::f32, dev);
+    part_ml = Tensor::empty({partial_rows * 2}, DType::f32, dev);
+    a.part_o = part_o.data<float>();
+    a.part_ml = reinterpret_cast<float2*>(part_ml.data<float>());
+  }
+  const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((a.q_len + Tile::kRows - 1) / Tile::kRows),
+                  static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1));
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(a);
   MICROLLM_CUDA_CHECK_LAUNCH();
+  if (a.chunk_tiles > 0) {
+    const int64_t rows = bh * a.split_rows;
+    flash_combine_kernel<T, D, Tile::kRows, BC><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void strides3(const Tensor& t, int64_t (&s)[3]) {
@@ -303,12 +454,13 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.causal = p.causal;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const bool bf16 = q.dtype() == DType::bf16;
+  // Tiles: FwdTile's comment; measured on the H200 against the 4-warp, two-m-tile shapes (2026-11-30).
   if (p.head_dim == 64) {
-    if (bf16) launch_forward<__nv_bfloat16, 64, 64, 4, 2>(a, p.batch, stream, device);
-    else launch_forward<__half, 64, 64, 4, 2>(a, p.batch, stream, device);
+    if (bf16) launch_forward<__nv_bfloat16, 64, 64, 8, 1>(a, p.batch, stream, device);
+    else launch_forward<__half, 64, 64, 8, 1>(a, p.batch, stream, device);
   } else {
-    if (bf16) launch_forward<__nv_bfloat16, 128, 32, 4, 2>(a, p.batch, stream, device);
-    else launch_forward<__half, 128, 32, 4, 2>(a, p.batch, stream, device);
+    if (bf16) launch_forward<__nv_bfloat16, 128, 64, 8, 1>(a, p.batch, stream, device);
+    else launch_forward<__half, 128, 64, 8, 1>(a, p.batch, stream, device);
   }
 }
 
