@@ -36,18 +36,21 @@ struct Sequence {
   int64_t row = -1;             // batch row: block table row, sampler row, decode row
   std::vector<int32_t> blocks;  // reserved at admission for prompt + max_new_tokens
   int64_t cached = 0;           // tokens whose k/v are in the cache, or will be once the steps enqueued run
-  int32_t next_token = -1;      // the prompt's last token once the prompt is prefilled (the first decode step
-                                // feeds it); -1 while it is prefilled
-  bool first_step = false;      // the next decode step is its first: its token comes from the host
-  int64_t steps_in_flight = 0;  // decode steps enqueued that fed it and whose tokens have not been read
+  int32_t next_token = -1;      // the prompt's last token once it decodes; -1 while it is prefilled
+  bool first_step = false;      // the next decode step is its first and feeds next_token from the host (a
+                                // one-token prompt; a longer one's prefill samples its first token on the device)
+  int64_t steps_in_flight = 0;  // steps enqueued that sample for it (its prefill's last chunk, decode steps)
+                                // whose tokens have not been read
   Generation result;
 };
 
-// A decode step enqueued and not yet read back: the rows it fed, and which host buffers it used.
+// A decode step enqueued and not yet read back: the rows it fed, and which host buffers it used. The last
+// chunk of a prefill is one too: it samples its sequence's first token (buffer kPrefillBuffer).
 struct StepInFlight {
   std::vector<std::pair<int64_t, uint64_t>> fed;  // (row, sequence id)
   int buffer = 0;
 };
+constexpr int kPrefillBuffer = 2;  // host_tokens[2]: a prefill's first token (steps use 0 and 1 in turn)
 
 }  // namespace
 
@@ -70,11 +73,12 @@ struct Engine::Impl {
 
   // The host side of each step, two sets used in turn (the steps in flight are at most two: see step()):
   // host_steps[i] i32 [kHostRows, max_batch] and host_tokens[i] i32 [max_batch], in pinned memory on CUDA
-  // (the copies run while the host works) and in host_storage on the CPU (where a step is done when enqueued).
+  // (the copies run while the host works) and in host_storage on the CPU (where a step is done when enqueued);
+  // host_tokens[kPrefillBuffer] [max_batch] receives a prefill's first token (read in the step that sampled it).
   std::optional<cuda::PinnedBuffer> pinned;
   std::vector<int32_t> host_storage;
   int32_t* host_steps[2] = {nullptr, nullptr};
-  int32_t* host_tokens[2] = {nullptr, nullptr};
+  int32_t* host_tokens[3] = {nullptr, nullptr, nullptr};
   std::vector<std::unique_ptr<cuda::Event>> tokens_read;  // CUDA: host_tokens[i] holds its step's ids
   std::deque<StepInFlight> in_flight;  // oldest first
   int next_buffer = 0;
@@ -118,20 +122,21 @@ struct Engine::Impl {
     const int64_t b = options.max_batch;
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
-    const auto per_set = static_cast<size_t>((kHostRows + 1) * b);
+    const auto per_set = static_cast<size_t>((kHostRows + 1) * b), host_ints = 2 * per_set + static_cast<size_t>(b);
     int32_t* host = nullptr;
     if (stream) {
-      pinned.emplace(2 * per_set * sizeof(int32_t));
+      pinned.emplace(host_ints * sizeof(int32_t));
       host = static_cast<int32_t*>(pinned->data());
-      for (int i = 0; i < 2; ++i) tokens_read.push_back(std::make_unique<cuda::Event>(device.index));
+      for (int i = 0; i < 3; ++i) tokens_read.push_back(std::make_unique<cuda::Event>(device.index));
     } else {
-      host_storage.assign(2 * per_set, 0);
+      host_storage.assign(host_ints, 0);
       host = host_storage.data();
     }
     for (int i = 0; i < 2; ++i) {
       host_steps[i] = host + i * per_set;
       host_tokens[i] = host_steps[i] + kHostRows * b;
     }
+    host_tokens[kPrefillBuffer] = host + 2 * per_set;
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
     // Rows where no sequence decodes sample greedily (their ids are ignored), so that a step whose decoding
@@ -242,10 +247,11 @@ struct Engine::Impl {
     block_tables.select(0, row).copy_(Tensor::from_vector(table, {max_blocks_per_sequence}));
   }
 
-  // The prompt is in the cache but its last token: the next decode steps sample for this row. Its sampling
-  // parameters, random counter and token counts start now, not at admission, because every decode step draws
-  // for every row of its batch, the rows still prefilling included (their draws are ignored): until now the
-  // row was greedy (see greedy_params), so that it does not keep the other rows off the greedy-only path.
+  // The row samples from now on: the first token (from the prefill's last logits, or from the first decode
+  // step for a one-token prompt), then every decode step. Its sampling parameters, random counter and token
+  // counts start now, not at admission, because every decode step draws for every row of its batch, the rows
+  // still prefilling included (their draws are ignored): until now the row was greedy (see greedy_params), so
+  // that it does not keep the other rows off the greedy-only path.
   void start_decoding(Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
     sampler.params.select(0, seq.row).copy_(Tensor::from_vector(p.row(), {sampler_columns}));
@@ -257,7 +263,7 @@ struct Engine::Impl {
     sampler.counts.narrow(0, seq.row, 1)
         .copy_(fresh.counts.defined() ? fresh.counts : Tensor::zeros({1, config.vocab_size}, DType::i32, device));
     seq.next_token = seq.request.prompt.back();
-    seq.first_step = true;
+    seq.first_step = seq.request.prompt.size() == 1;
   }
 
   // Ends a sequence: its row and blocks go back, then its callback runs.
@@ -347,9 +353,11 @@ struct Engine::Impl {
     return static_cast<int32_t>(seq.blocks[block] * options.block_size + position % options.block_size);
   }
 
-  // One chunk of the front-most prefilling sequence. Prefill covers the prompt but its last token, which
-  // the sequence's first decode step feeds (and samples the first new token from): so sampling happens in
-  // one place, and a one-token prompt needs no prefill at all.
+  // One chunk of the front-most prefilling sequence. The last chunk also samples the first new token from
+  // the prompt's last logits, into the row's entry of `tokens` where its first decode step finds it, and
+  // downloads it as a step in flight (read within this engine step, see step()): a prompt's tokens all go
+  // through the prefill's large GEMMs and flash attention, and none through a decode step's weight pass. A
+  // one-token prompt needs no prefill: its first decode step feeds it (admit).
   bool prefill_step() {
     Sequence* seq = nullptr;
     for (const auto& s : running) {
@@ -359,29 +367,39 @@ struct Engine::Impl {
       }
     }
     if (!seq) return false;
-    const int64_t to_prefill = static_cast<int64_t>(seq->request.prompt.size()) - 1;
-    const int64_t start = seq->cached, count = std::min(options.prefill_chunk, to_prefill - start);
-    if (count > 0) {
-      std::vector<int32_t> ids(seq->request.prompt.begin() + start, seq->request.prompt.begin() + start + count);
-      std::vector<int32_t> slots(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) slots[static_cast<size_t>(i)] = slot_of(*seq, start + i);
-      nn::PagedBatch batch;
-      batch.cache = cache.get();
-      batch.slots = Tensor::from_vector(slots, {count}, device);
-      batch.block_tables = block_tables;
-      batch.chunk_start = start;
-      batch.chunk_row = seq->row;
-      nn::ForwardContext ctx;
-      ctx.compute_dtype = options.dtype;
-      ctx.paged = &batch;
-      ctx.last_logits_only = true;  // unused: the cheapest logits there are
-      ctx.positions =
-          Tensor::arange(static_cast<double>(start), static_cast<double>(start + count), 1, DType::i32, device);
-      model.forward(Tensor::from_vector(ids, {1, count}, device), ctx);
-      seq->cached += count;
+    const auto prompt = static_cast<int64_t>(seq->request.prompt.size());
+    const int64_t start = seq->cached, count = std::min(options.prefill_chunk, prompt - start);
+    const bool last = start + count == prompt;
+    std::vector<int32_t> ids(seq->request.prompt.begin() + start, seq->request.prompt.begin() + start + count);
+    std::vector<int32_t> slots(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) slots[static_cast<size_t>(i)] = slot_of(*seq, start + i);
+    nn::PagedBatch batch;
+    batch.cache = cache.get();
+    batch.slots = Tensor::from_vector(slots, {count}, device);
+    batch.block_tables = block_tables;
+    batch.chunk_start = start;
+    batch.chunk_row = seq->row;
+    nn::ForwardContext ctx;
+    ctx.compute_dtype = options.dtype;
+    ctx.paged = &batch;
+    ctx.last_logits_only = true;  // the first token's logits (an earlier chunk's are the cheapest there are)
+    ctx.positions =
+        Tensor::arange(static_cast<double>(start), static_cast<double>(start + count), 1, DType::i32, device);
+    const Tensor logits = model.forward(Tensor::from_vector(ids, {1, count}, device), ctx).value();  // [1, 1, V]
+    seq->cached += count;
+    if (last) {
+      start_decoding(*seq);
+      const int64_t row = seq->row;
+      sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),
+                    tokens.narrow(0, row, 1));
+      download(host_tokens[kPrefillBuffer] + row, tokens.narrow(0, row, 1), 1);
+      if (stream) tokens_read[kPrefillBuffer]->record(*stream);
+      ++seq->steps_in_flight;
+      in_flight.push_back(StepInFlight{{{row, seq->id}}, kPrefillBuffer});
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.prefill_samples;
     }
-    if (seq->cached == to_prefill) start_decoding(*seq);
-    return count > 0;
+    return true;
   }
 
   SamplerRows narrow_rows(int64_t first, int64_t count, bool greedy_only) const {
@@ -529,7 +547,7 @@ struct Engine::Impl {
     in_flight.pop_front();
     if (stream) tokens_read[static_cast<size_t>(step.buffer)]->synchronize();
     const int32_t* chosen = host_tokens[step.buffer];
-    uint64_t accepted = 0, discarded = 0;
+    uint64_t accepted = 0, discarded = 0;  // counted for decode steps only
     for (const auto& [row, id] : step.fed) {
       Sequence* s = rows[static_cast<size_t>(row)];
       if (!s || s->id != id) {
@@ -540,6 +558,7 @@ struct Engine::Impl {
       ++accepted;
       accept(s, chosen[row]);
     }
+    if (step.buffer == kPrefillBuffer) return;
     std::lock_guard<std::mutex> lock(mutex);
     counters.decoded_sequences += accepted;
     counters.discarded_rows += discarded;

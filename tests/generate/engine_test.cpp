@@ -95,7 +95,9 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   EXPECT_EQ(stats.kv_blocks_used, 0) << "finished requests give their blocks back";
   EXPECT_EQ(stats.decoding + stats.prefilling + stats.waiting, 0);
   EXPECT_EQ(stats.generated_tokens, 6u * 14u);
-  EXPECT_EQ(stats.decoded_sequences, stats.generated_tokens) << "every token comes from a decode step";
+  EXPECT_EQ(stats.prefill_samples, 5u) << "each prompt of 2+ tokens gets its first token from its prefill";
+  EXPECT_EQ(stats.decoded_sequences + stats.prefill_samples, stats.generated_tokens)
+      << "every other token comes from a decode step";
   EXPECT_EQ(stats.discarded_rows, 0u) << "a request that ends by length is never fed past its budget";
   EXPECT_LT(stats.decode_steps, stats.decoded_sequences) << "decode steps batch several sequences";
   EXPECT_EQ(stats.prompt_tokens, 5u + 1 + 23 + 9 + 40 + 3);

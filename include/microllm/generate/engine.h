@@ -5,7 +5,9 @@
 //   1. admission: waiting requests get a batch row and the KV blocks for prompt + max_new_tokens, in arrival
 //      order, while rows and blocks are free (a request that could never fit is refused by submit);
 //   2. one prefill chunk (at most prefill_chunk tokens) of the oldest request still prefilling, so a long
-//      prompt never stalls the sequences already decoding for more than one chunk;
+//      prompt never stalls the sequences already decoding for more than one chunk; the last chunk samples the
+//      request's first token from the prompt's last logits, on the device (a one-token prompt has no prefill:
+//      its first decode step feeds it);
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
 //      context bucket), so a step costs one upload of the step's positions/slots, one graph launch and one
@@ -59,6 +61,7 @@ struct EngineStats {
   uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;
   uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
   uint64_t decoded_sequences = 0;  // tokens decode steps gave their sequences: / decode_steps is the mean batch
+  uint64_t prefill_samples = 0;    // first tokens sampled by a prefill's last chunk (every prompt of 2+ tokens)
   uint64_t discarded_rows = 0;     // rows fed for a sequence that had ended by the time their step was read
   uint64_t prompt_tokens = 0, generated_tokens = 0;
 };
