@@ -126,7 +126,7 @@ TEST_P(CudaParityTest, MatmulAndLinear) {
 
 TEST_P(CudaParityTest, NormRopeSwigluSoftmax) {
   const Tensor x = rand({3, 17, 896}), r = rand({3, 17, 896}), w = rand({896}, 0.5, 1.5);
-  const Tensor q = rand({2, 19, 14, 64});
+  const Tensor q = rand({2, 19, 14, 64}), qkv = rand({2, 19, 18, 64});
   const Tensor positions = Tensor::arange(5, 24, 1, DType::i64);
   const Tensor logits = rand({5, 33, 257});
   for (const ParityCase& c : std::vector<ParityCase>{
@@ -142,6 +142,10 @@ TEST_P(CudaParityTest, NormRopeSwigluSoftmax) {
            {"rope", {q, positions}, [](const Tensors& in) {
               const RopeParams p{1e6, RopeLayout::split_half, {}};
               return Tensors{rope(in[0], in[1], p), rope_backward(in[0], in[1], p)};
+            }},
+           {"rope of q and k in a fused qkv row", {qkv, positions}, [](const Tensors& in) {
+              const RopeParams p{1e6, RopeLayout::split_half, {}};
+              return Tensors{rope(in[0].narrow(2, 0, 16), in[1], p)};  // 16 of 18 heads: strided rows
             }},
            {"rope llama3 interleaved", {q, positions}, [](const Tensors& in) {
               RopeParams p{5e5, RopeLayout::interleaved, {RopeScalingType::llama3, 8, 1, 4, 8192}};
