@@ -382,12 +382,15 @@ struct Engine::Impl {
     nn::ForwardContext ctx;
     ctx.compute_dtype = options.dtype;
     ctx.paged = &batch;
-    ctx.last_logits_only = true;  // the first token's logits (an earlier chunk's are the cheapest there are)
+    ctx.last_logits_only = true;  // the first token's
     ctx.positions =
         Tensor::arange(static_cast<double>(start), static_cast<double>(start + count), 1, DType::i32, device);
-    const Tensor logits = model.forward(Tensor::from_vector(ids, {1, count}, device), ctx).value();  // [1, 1, V]
+    const Tensor chunk_ids = Tensor::from_vector(ids, {1, count}, device);
     seq->cached += count;
-    if (last) {
+    if (!last) {
+      model.fill_cache(chunk_ids, ctx);  // nobody reads an earlier chunk's logits
+    } else {
+      const Tensor logits = model.forward(chunk_ids, ctx).value();  // [1, 1, V]
       start_decoding(*seq);
       const int64_t row = seq->row;
       sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),

@@ -138,18 +138,31 @@ TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, boo
   }
 }
 
-Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context) const {
+std::pair<Variable, Variable> TransformerLM::run_layers(const Tensor& ids, ForwardContext& ctx) const {
   MICROLLM_CHECK(ids.dim() == 2, ShapeError, "transformer", "ids must be [B, T], got ", ids.shape());
-  ForwardContext ctx = context;
   const int64_t tokens = ids.size(1);
   if (!ctx.positions.defined()) {
     const int64_t start = ctx.cache ? ctx.cache->length() : 0;
     ctx.positions = Tensor::arange(static_cast<double>(start), static_cast<double>(start + tokens), 1, DType::i64,
                                    ids.device());
   }
-  // The residual stream is carried as (delta, residual): each sum happens inside the next RMSNorm kernel.
   Variable delta = embed_tokens_->forward(ids, ctx), residual;
   for (const DecoderLayer* layer : layers_) std::tie(delta, residual) = layer->forward_unsummed(delta, residual, ctx);
+  return {delta, residual};
+}
+
+void TransformerLM::fill_cache(const Tensor& ids, const ForwardContext& context) const {
+  MICROLLM_CHECK(context.cache || context.paged, ValueError, "transformer",
+                 "fill_cache keeps only the k/v: give it a KV cache (ctx.cache or ctx.paged)");
+  ForwardContext ctx = context;
+  run_layers(ids, ctx);
+  if (ctx.cache) ctx.cache->advance(ids.size(1));
+}
+
+Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context) const {
+  ForwardContext ctx = context;
+  auto [delta, residual] = run_layers(ids, ctx);
+  const int64_t tokens = ids.size(1);
   if (ctx.last_logits_only && tokens > 1) {  // generation needs no more
     delta = ag::narrow(delta, 1, tokens - 1, 1);
     residual = ag::narrow(residual, 1, tokens - 1, 1);

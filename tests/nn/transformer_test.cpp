@@ -131,6 +131,21 @@ TEST(Transformer, KvCacheDecodingMatchesOneFullForward) {
   }
 }
 
+TEST(Transformer, FillCacheLeavesTheKvThatForwardWouldAndNoLogits) {
+  TransformerLM model(small_config(false), 13);
+  const Tensor ids = random_ids(2, 9, 11, 14);
+  autograd::NoGradGuard no_grad;
+  const Tensor expected = model.forward(ids, ForwardContext()).value();  // [2, 9, 11]
+  KvCache cache(model.config(), 2, 16, DType::f32, Device::cpu());
+  ForwardContext step;
+  step.cache = &cache;
+  model.fill_cache(ids.narrow(1, 0, 6).contiguous(), step);  // a prompt chunk whose logits nobody reads
+  EXPECT_EQ(cache.length(), 6);
+  const Tensor rest = model.forward(ids.narrow(1, 6, 3).contiguous(), step).value();
+  EXPECT_LE(testing::relative_error(rest, expected.narrow(1, 6, 3).contiguous()), 1e-5);
+  EXPECT_THROW(model.fill_cache(ids, ForwardContext()), ValueError) << "without a cache it would do nothing";
+}
+
 TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {
   for (bool qwen3_style : {false, true}) {
     TransformerLM model(small_config(qwen3_style), 21);

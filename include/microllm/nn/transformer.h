@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "microllm/nn/layers.h"
@@ -65,6 +66,9 @@ class TransformerLM : public Module {
 
   // ids [B, T] (i32/i64) -> logits [B, T, vocab] in the compute dtype.
   Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
+  // Inference: forward without the final norm and the head, for the k/v it leaves in ctx.cache or ctx.paged
+  // (a prefill chunk whose logits nobody reads skips a pass over the vocabulary's weights).
+  void fill_cache(const Tensor& ids, const ForwardContext& ctx) const;
   // Inference: each layer's q/k/v and gate/up projections computed as one GEMM each (nn::FusedProjections;
   // the weights move into shared buffers, names and values unchanged). Call after loading and after
   // to(dtype)/to(device), which undo it.
@@ -73,6 +77,10 @@ class TransformerLM : public Module {
   Variable loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx) const;
 
  private:
+  // The embedding and every layer: the residual stream as (delta, residual), each sum left to the next
+  // RMSNorm kernel; fills in ctx.positions when unset.
+  std::pair<Variable, Variable> run_layers(const Tensor& ids, ForwardContext& ctx) const;
+
   TransformerConfig config_;
   Embedding* embed_tokens_;
   std::vector<DecoderLayer*> layers_;
