@@ -28,6 +28,20 @@ std::vector<Tensor> randoms(Device device, double low, double high, uint64_t see
   return out;
 }
 
+// The largest |got - ref| / (1 + |ref|): f32 steps against the f64 rule err in proportion to their operands
+// (|p| and lr * update, around 1), not to the result, which can land near 0: as a relative error, the
+// one-element tensor of shapes() failed about one seed in 500 (2.5e-5 to 3.4e-3 where the result was ~1e-4).
+double step_error(const Tensor& got, const std::vector<double>& ref) {
+  const std::vector<double> values = testing::host_values(got);
+  if (values.size() != ref.size()) return INFINITY;
+  double worst = 0;
+  for (size_t k = 0; k < ref.size(); ++k) {
+    const double e = std::abs(values[k] - ref[k]) / (1 + std::abs(ref[k]));
+    if (!(e <= worst)) worst = e;  // NaN propagates as a failure
+  }
+  return worst;
+}
+
 std::vector<Tensor> clones(const std::vector<Tensor>& xs) {
   std::vector<Tensor> out;
   for (const Tensor& x : xs) out.push_back(x.clone());
@@ -69,9 +83,9 @@ TEST_P(OptimTest, AdamWMatchesADirectComputationOverSeveralSteps) {
     }
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_LE(testing::relative_error(params[i], ref_p[i]), 1e-5) << "param " << i << " seed " << seed;
-    EXPECT_LE(testing::relative_error(m[i], ref_m[i]), 1e-5) << "exp_avg " << i;
-    EXPECT_LE(testing::relative_error(v[i], ref_v[i]), 1e-5) << "exp_avg_sq " << i;
+    EXPECT_LE(step_error(params[i], ref_p[i]), 1e-5) << "param " << i << " seed " << seed;
+    EXPECT_LE(step_error(m[i], ref_m[i]), 1e-5) << "exp_avg " << i << " seed " << seed;
+    EXPECT_LE(step_error(v[i], ref_v[i]), 1e-5) << "exp_avg_sq " << i << " seed " << seed;
   }
 }
 
@@ -101,7 +115,8 @@ TEST_P(OptimTest, SgdWithMomentumAndNesterovMatchesPyTorchsRule) {
       }
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_LE(testing::relative_error(params[i], ref_p[i]), 1e-5) << "param " << i << " nesterov " << nesterov;
+      EXPECT_LE(step_error(params[i], ref_p[i]), 1e-5)
+          << "param " << i << " nesterov " << nesterov << " seed " << seed;
     }
   }
 }
@@ -208,7 +223,7 @@ TEST_P(OptimTest, ManyTensorsAndLongTensorsSpanSeveralLaunches) {
   adamw_step(p, g, m, v, wd, scale, step);
   adamw_step(p_cpu, g_cpu, m_cpu, v_cpu, wd, Tensor::full({1}, 0.75), step);
   for (size_t i = 0; i < sizes.size(); ++i) {
-    EXPECT_LE(testing::relative_error(p[i].to(Device::cpu()), p_cpu[i]), 1e-6) << i;
+    EXPECT_LE(step_error(p[i].to(Device::cpu()), testing::host_values(p_cpu[i])), 1e-6) << i;
     EXPECT_LE(testing::relative_error(m[i].to(Device::cpu()), m_cpu[i]), 1e-2) << i;  // bf16: one rounding apart
   }
   std::vector<Tensor> mixed = g;
