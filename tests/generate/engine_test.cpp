@@ -218,6 +218,39 @@ TEST_P(EngineTest, StopIdsCancellationAndCallbacksEndRequestsAndFreeTheirBlocks)
   EXPECT_FALSE(engine.step());
 }
 
+TEST_P(EngineTest, TheFirstTokenComesFromThePrefillAlone) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  // A budget of one token: the prefill samples it and no decode step runs. A first token that is a stop id
+  // ends the request at once; its first decode step, enqueued before the prefill's token was read, is
+  // discarded. A one-token prompt still gets its first token from a decode step.
+  EngineRequest one = request(prompt(12), 1);
+  EngineRequest stops = request(prompt(9), 10);
+  stops.stop_ids = {alone(stops)[0]};
+  const EngineRequest single = request(prompt(1), 3);
+  EngineOptions options;
+  options.max_batch = 4;
+  options.block_size = 4;
+  options.prefill_chunk = 5;  // 12 and 9 tokens: the first token comes from a third and a second chunk
+  {
+    Engine engine(*model_, options);
+    const auto results = run(engine, {one});
+    expect_each_as_alone(results, {one});
+    EXPECT_EQ(results.begin()->second.finish_reason, FinishReason::length);
+    EXPECT_EQ(engine.stats().decode_steps, 0u) << "a one-token budget needs no decode step";
+    EXPECT_EQ(engine.stats().prefill_samples, 1u);
+  }
+  Engine engine(*model_, options);
+  const auto results = run(engine, {stops, single});
+  expect_each_as_alone(results, {stops, single});
+  EXPECT_EQ(results.begin()->second.tokens.size(), 1u);
+  EXPECT_EQ(results.begin()->second.finish_reason, FinishReason::eos);
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.prefill_samples, 1u) << "the one-token prompt has no prefill";
+  EXPECT_EQ(stats.discarded_rows, 1u) << "the stopped request's first decode step";
+  EXPECT_EQ(stats.generated_tokens, 1u + 3u);
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+}
+
 TEST_P(EngineTest, ARowAndBlocksFreedOneStepLateGoToTheNextRequestUnchanged) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   // Two rows and a pool of exactly the first two requests' blocks (7 + 11): the third waits for the first's.
