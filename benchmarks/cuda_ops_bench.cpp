@@ -65,6 +65,7 @@ void report(const std::string& op, const std::string& model, int64_t tokens, con
 
 // Causal attention forward and backward in the model's [B, T, H, D] layout.
 void attention_rows(const Model& m, int64_t batch, int64_t t) {
+  if (!selected("attention_fwd", m.name) && !selected("attention_bwd", m.name)) return;  // no inputs to build
   const double e = 2;  // bf16 bytes
   const Tensor aq = random({batch, t, m.heads, m.head_dim}), ak = random({batch, t, m.kv_heads, m.head_dim});
   const Tensor av = random({batch, t, m.kv_heads, m.head_dim}), ado = random({batch, t, m.heads, m.head_dim});

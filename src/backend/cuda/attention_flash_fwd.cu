@@ -32,7 +32,6 @@
 // registers (D 64: 127; D 128: 128 and a 48-byte stack frame). Shared memory: Q [BR][D], K [2][BC][D],
 // V [2][BC][D] (bf16/f16, 16-byte chunks XOR-swizzled): 48 KiB (D 64) and 96 KiB (D 128).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "attention_kernels.h"
@@ -71,6 +70,10 @@ MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
   return a.causal && causal_end < a.kv_len ? causal_end : a.kv_len;
 }
 
+// CTAs an SM holds: the launch bounds make the compiler fit the registers, and both tiles' shared memory
+// (48 / 96 KiB) fits twice; the split plan counts its slots with it.
+constexpr int kCtasPerSm = 2;
+
 template <int D, int BC, int NW, int MT>
 struct FwdTile {
   static constexpr int kThreads = NW * 32;
@@ -78,6 +81,7 @@ struct FwdTile {
   static constexpr int kRows = NW * kWarpRows;  // BR
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
   static constexpr int kSmemBytes = (kRows * D + 4 * BC * D) * 2;
+  static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "kCtasPerSm tiles fit an sm_90 SM's shared memory");
   static_assert(D % 64 == 0 && BC % 16 == 0, "rows of >= 8 chunks for the swizzle; n tiles in pairs");
 };
 
@@ -104,7 +108,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 template <typename T, int D, int BC, int NW, int MT>
-__global__ void __launch_bounds__(NW * 32, 2) flash_forward_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(const FwdArgs a) {
   using Tile = FwdTile<D, BC, NW, MT>;
   constexpr int BR = Tile::kRows, CH = Tile::kChunks, THREADS = Tile::kThreads;
   extern __shared__ __align__(128) unsigned char flash_fwd_smem[];
@@ -353,20 +357,6 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
   if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
 
-// CTAs of this kernel one SM holds (occupancy, asked once per device).
-template <auto Kernel>
-int ctas_per_sm(int threads, int smem_bytes, int device) {
-  static std::atomic<int> cached[64] = {};
-  std::atomic<int>& slot = cached[device & 63];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    MICROLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, smem_bytes));
-    n = std::max(n, 1);
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // The split plan (the header comment): a chunk near one slot's share of the key tiles of all blocks, never
 // under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the longest
 // block is well over that share.
@@ -399,8 +389,7 @@ void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) 
   constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
   const int64_t bh = batch * a.q_heads;
-  const int64_t slots =
-      int64_t{multiprocessor_count(device)} * ctas_per_sm<kernel>(Tile::kThreads, Tile::kSmemBytes, device);
+  const int64_t slots = int64_t{multiprocessor_count(device)} * kCtasPerSm;
   split_plan(a, bh, Tile::kRows, BC, slots);
   Tensor part_o, part_ml;
   if (a.chunk_tiles > 0) {
