@@ -52,6 +52,11 @@ PinnedBuffer::~PinnedBuffer() = default;
 PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
 void copy_async(void*, const void*, size_t, CopyDirection, const Stream&) { no_cuda("copy"); }
+struct UploadStaging::Arena {};
+UploadStaging::UploadStaging(const Stream&, size_t) { no_cuda("pinned memory"); }
+UploadStaging::~UploadStaging() = default;
+void UploadStaging::upload(void*, const void*, size_t) { no_cuda("copy"); }
+
 TransferStats transfer_stats() { return {}; }
 void reset_transfer_stats() {}
 }  // namespace cuda

@@ -25,10 +25,10 @@ constexpr int64_t kMinContextBucket = 256;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows of a step's host buffer (i32 [kHostRows, max_batch]). The first kStepRows go to the device's
-// step_inputs in one copy per decode step; kFirstIds holds the token of each row that starts decoding in the
-// step (every later token is on the device already: the step before sampled it there).
-enum StepRow : int64_t { kRopePositions, kAttentionPositions, kSlots, kStepRows, kFirstIds = kStepRows, kHostRows };
+// Rows of a decode step's inputs (i32 [kStepRows, max_batch]), uploaded in one copy per step. The ids it feeds
+// are on the device already (the step before sampled them there), but for a row's first step after a
+// one-token prompt, which uploads that token on its own.
+enum StepRow : int64_t { kRopePositions, kAttentionPositions, kSlots, kStepRows };
 
 struct Sequence {
   uint64_t id = 0;
@@ -71,14 +71,17 @@ struct Engine::Impl {
   Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
   Tensor tokens;        // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
 
-  // The host side of each step, two sets used in turn (the steps in flight are at most two: see step()):
-  // host_steps[i] i32 [kHostRows, max_batch] and host_tokens[i] i32 [max_batch], in pinned memory on CUDA
-  // (the copies run while the host works) and in host_storage on the CPU (where a step is done when enqueued);
-  // host_tokens[kPrefillBuffer] [max_batch] receives a prefill's first token (read in the step that sampled it).
+  // Where each step's sampled ids land on the host: host_tokens[0] and [1] i32 [max_batch], used by decode
+  // steps in turn (the steps in flight are at most two: see step()), and host_tokens[kPrefillBuffer] for a
+  // prefill's first token (read in the step that sampled it); pinned memory on CUDA (the copies run while the
+  // host works), host_storage on the CPU (where a step is done when enqueued).
   std::optional<cuda::PinnedBuffer> pinned;
   std::vector<int32_t> host_storage;
-  int32_t* host_steps[2] = {nullptr, nullptr};
   int32_t* host_tokens[3] = {nullptr, nullptr, nullptr};
+  std::vector<int32_t> step_host;  // a decode step's inputs as built on the host, i32 [kStepRows, max_batch]
+  // CUDA: every upload (a step's inputs, a prefill chunk's ids, a new row's block table and sampler state)
+  // goes through pinned memory without waiting, so the device's queue never drains for one.
+  std::optional<cuda::UploadStaging> staging;
   std::vector<std::unique_ptr<cuda::Event>> tokens_read;  // CUDA: host_tokens[i] holds its step's ids
   std::deque<StepInFlight> in_flight;  // oldest first
   int next_buffer = 0;
@@ -89,6 +92,13 @@ struct Engine::Impl {
   // SamplerRows::greedy_only (two kernels instead of about fourteen); a step with a sampled row replays the
   // general one.
   std::map<std::tuple<int64_t, int64_t, bool>, cuda::Graph> graphs;
+  // Full prefill chunks before a prompt's last (prefill_chunk tokens: KV cache only), by chunk start. A replay
+  // reads the chunk's ids, slots and positions from prefill_inputs and its sequence's blocks from prefill_table,
+  // both rewritten before it; everything else a chunk's kernels take from the host (the chunk start and length,
+  // the shapes) is in the key.
+  std::map<int64_t, cuda::Graph> prefill_graphs;
+  Tensor prefill_inputs;  // i32 [3, prefill_chunk]: ids, slots, rotary positions
+  Tensor prefill_table;   // i32 [1, max_blocks_per_sequence]
 
   // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
   // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
@@ -122,21 +132,19 @@ struct Engine::Impl {
     const int64_t b = options.max_batch;
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
-    const auto per_set = static_cast<size_t>((kHostRows + 1) * b), host_ints = 2 * per_set + static_cast<size_t>(b);
+    const auto host_ints = static_cast<size_t>(3 * b);
     int32_t* host = nullptr;
     if (stream) {
       pinned.emplace(host_ints * sizeof(int32_t));
       host = static_cast<int32_t*>(pinned->data());
       for (int i = 0; i < 3; ++i) tokens_read.push_back(std::make_unique<cuda::Event>(device.index));
+      staging.emplace(*stream);
     } else {
       host_storage.assign(host_ints, 0);
       host = host_storage.data();
     }
-    for (int i = 0; i < 2; ++i) {
-      host_steps[i] = host + i * per_set;
-      host_tokens[i] = host_steps[i] + kHostRows * b;
-    }
-    host_tokens[kPrefillBuffer] = host + 2 * per_set;
+    for (int i = 0; i < 3; ++i) host_tokens[i] = host + i * b;
+    step_host.assign(static_cast<size_t>(kStepRows * b), 0);
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
     // Rows where no sequence decodes sample greedily (their ids are ignored), so that a step whose decoding
@@ -148,6 +156,10 @@ struct Engine::Impl {
     sampler.rng = Tensor::zeros({b, 2}, DType::i64, device);
     sampler.counts = Tensor::zeros({b, config.vocab_size}, DType::i32, device);
     tokens = Tensor::zeros({b}, DType::i32, device);
+    if (stream && options.cuda_graphs) {
+      prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
+      prefill_table = Tensor::zeros({1, max_blocks_per_sequence}, DType::i32, device);
+    }
     free_blocks.resize(static_cast<size_t>(blocks));
     for (int64_t i = 0; i < blocks; ++i) free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(blocks - 1 - i);
     rows.assign(static_cast<size_t>(b), nullptr);
@@ -164,6 +176,7 @@ struct Engine::Impl {
     try {
       cuda::synchronize(device.index);
       graphs.clear();
+      prefill_graphs.clear();
       cuda::release_graph_pool(device.index, graph_pool);
     } catch (...) {  // a destructor must not throw; the memory stays cached
     }
@@ -244,7 +257,7 @@ struct Engine::Impl {
     const int64_t row = seq.row;
     std::vector<int32_t> table(static_cast<size_t>(max_blocks_per_sequence), 0);
     std::copy(seq.blocks.begin(), seq.blocks.end(), table.begin());
-    block_tables.select(0, row).copy_(Tensor::from_vector(table, {max_blocks_per_sequence}));
+    upload(block_tables.select(0, row), table.data(), max_blocks_per_sequence);
   }
 
   // The row samples from now on: the first token (from the prefill's last logits, or from the first decode
@@ -254,14 +267,18 @@ struct Engine::Impl {
   // that it does not keep the other rows off the greedy-only path.
   void start_decoding(Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
-    sampler.params.select(0, seq.row).copy_(Tensor::from_vector(p.row(), {sampler_columns}));
     const std::vector<std::vector<int32_t>> history =
         p.penalized() ? std::vector<std::vector<int32_t>>{seq.request.prompt} : std::vector<std::vector<int32_t>>{};
+    // Built on the host, uploaded without a wait.
     const SamplerRows fresh =
-        make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, config.vocab_size, history, device);
-    sampler.rng.narrow(0, seq.row, 1).copy_(fresh.rng);
-    sampler.counts.narrow(0, seq.row, 1)
-        .copy_(fresh.counts.defined() ? fresh.counts : Tensor::zeros({1, config.vocab_size}, DType::i32, device));
+        make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, config.vocab_size, history, Device::cpu());
+    upload(sampler.params.select(0, seq.row), fresh.params.data<float>(), sampler_columns);
+    upload(sampler.rng.narrow(0, seq.row, 1), fresh.rng.data<int64_t>(), 2);
+    if (fresh.counts.defined()) {
+      upload(sampler.counts.narrow(0, seq.row, 1), fresh.counts.data<int32_t>(), config.vocab_size);
+    } else {
+      sampler.counts.narrow(0, seq.row, 1).copy_(Tensor::zeros({1, config.vocab_size}, DType::i32, device));
+    }
     seq.next_token = seq.request.prompt.back();
     seq.first_step = seq.request.prompt.size() == 1;
   }
@@ -370,23 +387,28 @@ struct Engine::Impl {
     const auto prompt = static_cast<int64_t>(seq->request.prompt.size());
     const int64_t start = seq->cached, count = std::min(options.prefill_chunk, prompt - start);
     const bool last = start + count == prompt;
-    std::vector<int32_t> ids(seq->request.prompt.begin() + start, seq->request.prompt.begin() + start + count);
-    std::vector<int32_t> slots(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) slots[static_cast<size_t>(i)] = slot_of(*seq, start + i);
-    nn::PagedBatch batch;
-    batch.cache = cache.get();
-    batch.slots = Tensor::from_vector(slots, {count}, device);
-    batch.block_tables = block_tables;
-    batch.chunk_start = start;
-    batch.chunk_row = seq->row;
-    nn::ForwardContext ctx;
-    ctx.compute_dtype = options.dtype;
-    ctx.paged = &batch;
-    ctx.last_logits_only = true;  // the first token's
-    ctx.positions =
-        Tensor::arange(static_cast<double>(start), static_cast<double>(start + count), 1, DType::i32, device);
-    const Tensor chunk_ids = Tensor::from_vector(ids, {1, count}, device);
+    // The chunk's ids, slots and rotary positions, one upload: i32 [3, count].
+    std::vector<int32_t> host(static_cast<size_t>(3 * count));
+    for (int64_t i = 0; i < count; ++i) {
+      const auto at = static_cast<size_t>(i);
+      host[at] = seq->request.prompt[static_cast<size_t>(start + i)];
+      host[static_cast<size_t>(count) + at] = slot_of(*seq, start + i);
+      host[static_cast<size_t>(2 * count) + at] = static_cast<int32_t>(start + i);
+    }
     seq->cached += count;
+    if (!last && stream && options.cuda_graphs) {  // count == prefill_chunk: only the last chunk is shorter
+      upload(prefill_inputs, host.data(), 3 * count);
+      prefill_table.copy_(block_tables.narrow(0, seq->row, 1));
+      prefill_graph(start).replay();
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.prefill_graph_replays;
+      return true;
+    }
+    const Tensor inputs = Tensor::empty({3, count}, DType::i32, device);
+    upload(inputs, host.data(), 3 * count);
+    nn::PagedBatch batch;
+    nn::ForwardContext ctx;
+    const Tensor chunk_ids = chunk_context(inputs, block_tables, start, seq->row, batch, ctx);
     if (!last) {
       model.fill_cache(chunk_ids, ctx);  // nobody reads an earlier chunk's logits
     } else {
@@ -403,6 +425,42 @@ struct Engine::Impl {
       ++counters.prefill_samples;
     }
     return true;
+  }
+
+  // A prefill chunk's batch and context from its inputs (i32 [3, count]: ids, slots, positions) and its
+  // sequence's row of `tables`; returns the ids [1, count].
+  Tensor chunk_context(const Tensor& inputs, const Tensor& tables, int64_t start, int64_t row, nn::PagedBatch& batch,
+                       nn::ForwardContext& ctx) const {
+    batch.cache = cache.get();
+    batch.slots = inputs.select(0, 1);
+    batch.block_tables = tables;
+    batch.chunk_start = start;
+    batch.chunk_row = row;
+    ctx.compute_dtype = options.dtype;
+    ctx.paged = &batch;
+    ctx.last_logits_only = true;  // the first token's, from the last chunk
+    ctx.positions = inputs.select(0, 2);
+    return inputs.select(0, 0).reshape({1, inputs.size(1)});
+  }
+
+  // The graph of a full prefill chunk (not a prompt's last) starting at `start`, captured on first use.
+  const cuda::Graph& prefill_graph(int64_t start) {
+    auto [it, fresh] = prefill_graphs.try_emplace(start);
+    if (fresh) {
+      try {
+        it->second = cuda::Graph::capture(*stream, graph_pool, [&] {
+          nn::PagedBatch batch;
+          nn::ForwardContext ctx;
+          model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, batch, ctx), ctx);
+        });
+      } catch (...) {
+        prefill_graphs.erase(it);
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.graphs_captured;
+    }
+    return it->second;
   }
 
   SamplerRows narrow_rows(int64_t first, int64_t count, bool greedy_only) const {
@@ -447,11 +505,16 @@ struct Engine::Impl {
     return it->second;
   }
 
-  // Copies between a step's host buffers and the device: enqueued on the engine's stream on CUDA (pinned host
-  // memory; the host does not wait), done at once on the CPU.
-  void upload(const Tensor& dst, const int32_t* src, int64_t count) {
-    const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
-    if (stream) cuda::copy_async(dst.data_ptr(), src, bytes, cuda::CopyDirection::host_to_device, *stream);
+  // Copies between the host and the device: enqueued on the engine's stream on CUDA (the host does not wait;
+  // an upload's source may change once it returns, a download's destination is pinned), done at once on the
+  // CPU. `dst` of an upload: `count` contiguous elements of type T.
+  template <typename T>
+  void upload(const Tensor& dst, const T* src, int64_t count) {
+    MICROLLM_CHECK(dst.is_contiguous() && dst.numel() == count && dtype_size(dst.dtype()) == sizeof(T), BackendError,
+                   "engine", "an upload of ", count, " elements of ", sizeof(T), " bytes into ", dst.shape(), " ",
+                   dst.dtype());
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    if (staging) staging->upload(dst.data_ptr(), src, bytes);
     else std::memcpy(dst.data_ptr(), src, bytes);
   }
   void download(int32_t* dst, const Tensor& src, int64_t count) {
@@ -505,8 +568,8 @@ struct Engine::Impl {
     const int buffer = next_buffer;
     next_buffer ^= 1;
     const auto b = static_cast<size_t>(options.max_batch);
-    int32_t* host = host_steps[buffer];
-    std::fill_n(host + kRopePositions * b, b, 0);  // each row once; kFirstIds only where a row uploads it
+    int32_t* host = step_host.data();
+    std::fill_n(host + kRopePositions * b, b, 0);
     std::fill_n(host + kAttentionPositions * b, b, -1);
     std::fill_n(host + kSlots * b, b, -1);
     StepInFlight step{{}, buffer};
@@ -519,8 +582,7 @@ struct Engine::Impl {
     upload(step_inputs, host, kStepRows * options.max_batch);
     for (Sequence* s : fed) {
       if (!s->first_step) continue;
-      host[kFirstIds * b + static_cast<size_t>(s->row)] = s->next_token;
-      upload(tokens.narrow(0, s->row, 1), host + kFirstIds * b + static_cast<size_t>(s->row), 1);
+      upload(tokens.narrow(0, s->row, 1), &s->next_token, 1);
       s->first_step = false;
     }
     if (stream && options.cuda_graphs) {

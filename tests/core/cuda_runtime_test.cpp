@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "microllm/core/cuda.h"
 #include "microllm/core/tensor.h"
@@ -105,6 +107,40 @@ TEST_F(CudaRuntimeTest, AsyncCopiesThroughPinnedMemoryRoundTripInStreamOrderAndC
   cuda::PinnedBuffer moved = std::move(up);
   EXPECT_EQ(up.data(), nullptr);
   EXPECT_EQ(moved.bytes(), static_cast<size_t>(n) * sizeof(float));
+}
+
+TEST_F(CudaRuntimeTest, StagedUploadsLandInStreamOrderWhileTheSourceIsReusedAtOnce) {
+  // The stream is kept busy with large device copies, so every upload is still queued when upload() returns;
+  // the source is poisoned right after each call, and the 4 KiB arenas come round (and some uploads outgrow
+  // them) many times while the earlier copies wait: a staged byte overwritten too early shows in the result.
+  const cuda::Stream stream = cuda::Stream::create(0);
+  const cuda::StreamGuard guard(stream);
+  const int64_t big = int64_t{1} << 27;  // 512 MB of f32
+  const Tensor from = Tensor::ones({big}, DType::f32, Device::cuda(0));
+  Tensor to = Tensor::empty({big}, DType::f32, Device::cuda(0));
+  const std::vector<float> pool = random_tensor({1 << 16}, DType::f32).to_vector<float>();
+  std::mt19937 rng(::testing::UnitTest::GetInstance()->random_seed());
+  std::uniform_int_distribution<int64_t> size(1, 3000), start(0, (1 << 16) - 3000);
+  const int64_t uploads = 300;
+  Tensor device = Tensor::full({uploads, 3000}, NAN, DType::f32, Device::cuda(0));
+  std::vector<float> expected(static_cast<size_t>(uploads * 3000), NAN);
+  cuda::UploadStaging staging(stream, 4096);
+  std::vector<float> source;
+  for (int64_t u = 0; u < uploads; ++u) {
+    if (u % 50 == 0) to.copy_(from);  // ~0.3 ms of work ahead of the next uploads
+    const int64_t n = size(rng), at = start(rng);
+    source.assign(pool.begin() + at, pool.begin() + at + n);
+    std::copy(source.begin(), source.end(), expected.begin() + u * 3000);
+    staging.upload(device.select(0, u).data_ptr(), source.data(), static_cast<size_t>(n) * sizeof(float));
+    std::fill(source.begin(), source.end(), -1.0f);  // the caller's source changes at once
+  }
+  const std::vector<float> got = device.to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i] == expected[i] || (std::isnan(got[i]) && std::isnan(expected[i])))
+        << "upload " << i / 3000 << " element " << i % 3000 << ": " << got[i] << ", expected " << expected[i];
+  }
+  EXPECT_GT(staging.waits(), 0u);  // an arena came round while the stream had not passed its copies
+  EXPECT_GT(staging.grows(), 0u);  // uploads of more than 4 KiB
 }
 
 TEST_F(CudaRuntimeTest, StridedCopyAndCastMatchTheCpuForEveryDtypePair) {

@@ -104,6 +104,9 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   if (GetParam().is_cuda()) {
     EXPECT_GT(stats.graph_replays, 0u);
     EXPECT_GT(stats.graphs_captured, 0u);
+    // The full chunks before a prompt's last, replayed from the graph of their start: 23 tokens at 0, 7
+    // and 14, 9 at 0, 40 at 0 .. 28 (every prompt's last chunk runs eagerly).
+    EXPECT_EQ(stats.prefill_graph_replays, 3u + 1 + 5);
   }
 }
 

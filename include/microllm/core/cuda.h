@@ -156,6 +156,35 @@ class PinnedBuffer {
 enum class CopyDirection { host_to_device, device_to_host };
 void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction, const Stream& stream);
 
+// Uploads the host does not wait for. A plain host-to-device copy (Tensor::to, from_vector) waits for its
+// stream, so a loop that uploads a few ids before each batch of kernels lets the device's queue drain every
+// time; upload() instead copies the source into page-locked memory owned here, enqueues the copy on `stream`
+// and returns, and the caller may change its source at once. The pinned memory is two arenas used in turn:
+// an arena is written again only after the stream has passed its last copy (an event recorded after each),
+// which, at the arenas' size, is long done when it comes round; an upload larger than an arena grows it.
+class UploadStaging {
+ public:
+  explicit UploadStaging(const Stream& stream, size_t arena_bytes = size_t{1} << 20);
+  ~UploadStaging();
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+
+  // Enqueues the copy of `bytes` from host memory `src` to device memory `dst` on the stream.
+  void upload(void* dst, const void* src, size_t bytes);
+  const Stream& stream() const { return stream_; }
+  // How often an upload waited for an arena's last copy, and how often an arena grew (tests).
+  uint64_t waits() const { return waits_; }
+  uint64_t grows() const { return grows_; }
+
+ private:
+  struct Arena;
+  Stream stream_;
+  size_t arena_bytes_;
+  Arena* arenas_ = nullptr;  // [2]
+  int current_ = 0;
+  uint64_t waits_ = 0, grows_ = 0;
+};
+
 // Bytes moved between host and devices through microLLM, for tests that prove an op moved none.
 struct TransferStats {
   uint64_t host_to_device = 0, host_to_device_bytes = 0;

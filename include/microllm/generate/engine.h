@@ -7,7 +7,8 @@
 //   2. one prefill chunk (at most prefill_chunk tokens) of the oldest request still prefilling, so a long
 //      prompt never stalls the sequences already decoding for more than one chunk; the last chunk samples the
 //      request's first token from the prompt's last logits, on the device (a one-token prompt has no prefill:
-//      its first decode step feeds it);
+//      its first decode step feeds it). On CUDA a full chunk before the last is replayed from a CUDA graph
+//      captured per chunk start (its ~300 kernels cost the host one launch, not ~300);
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
 //      context bucket), so a step costs one upload of the step's positions/slots, one graph launch and one
@@ -40,7 +41,7 @@ struct EngineOptions {
                                // 1 GiB (CPU), at most max_batch full windows
   double kv_memory_fraction = 0.5;
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step
-  bool cuda_graphs = true;      // replay decode steps from CUDA graphs (CUDA only)
+  bool cuda_graphs = true;      // replay decode steps and full prefill chunks from CUDA graphs (CUDA only)
   DType dtype = DType::f32;     // compute and KV cache dtype
 };
 
@@ -58,7 +59,8 @@ struct EngineRequest {
 struct EngineStats {
   int64_t waiting = 0, prefilling = 0, decoding = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, block_size = 0;
-  uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;
+  uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;  // graphs: decode and prefill
+  uint64_t prefill_graph_replays = 0;  // prefill chunks replayed from a graph (graph_replays counts decode steps)
   uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
   uint64_t decoded_sequences = 0;  // tokens decode steps gave their sequences: / decode_steps is the mean batch
   uint64_t prefill_samples = 0;    // first tokens sampled by a prefill's last chunk (every prompt of 2+ tokens)

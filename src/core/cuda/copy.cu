@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "../device_runtime.h"
 #include "cuda_check.h"
@@ -346,6 +347,50 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(bytes_, other.bytes_);
   return *this;
+}
+
+struct UploadStaging::Arena {
+  PinnedBuffer buffer;
+  size_t used = 0;
+  std::optional<Event> copied;  // recorded after each copy from this arena
+};
+
+UploadStaging::UploadStaging(const Stream& stream, size_t arena_bytes)
+    : stream_(stream), arena_bytes_(std::max<size_t>(arena_bytes, 16)), arenas_(new Arena[2]) {}
+
+UploadStaging::~UploadStaging() {
+  // Copies still enqueued read the arenas: let them finish before the memory goes back.
+  try {
+    stream_.synchronize();
+  } catch (...) {  // a destructor must not throw; a failed stream ran nothing more anyway
+  }
+  delete[] arenas_;
+}
+
+void UploadStaging::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  const auto fits = [&](const Arena& a) { return (a.used + 15) / 16 * 16 + bytes <= a.buffer.bytes(); };
+  if (!fits(arenas_[current_])) {
+    current_ ^= 1;  // the other arena, once the stream has passed its last copy
+    Arena& next = arenas_[current_];
+    if (next.used > 0) {
+      next.copied->synchronize();
+      ++waits_;
+    }
+    next.used = 0;
+    if (!fits(next)) {  // empty (its copies are done): it may be replaced
+      if (next.buffer.data()) ++grows_;
+      next.buffer = PinnedBuffer(std::max(arena_bytes_, (bytes + 15) / 16 * 16));
+    }
+  }
+  Arena& a = arenas_[current_];
+  const size_t offset = (a.used + 15) / 16 * 16;
+  char* staged = static_cast<char*>(a.buffer.data()) + offset;
+  std::memcpy(staged, src, bytes);
+  copy_async(dst, staged, bytes, CopyDirection::host_to_device, stream_);
+  if (!a.copied) a.copied.emplace(stream_.device());
+  a.copied->record(stream_);
+  a.used = offset + bytes;
 }
 
 void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction, const Stream& stream) {
