@@ -22,6 +22,9 @@ namespace {
 // attention is sized from the bound, so short contexts do not pay for launching the window's worth of splits.
 constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 constexpr int64_t kMinContextBucket = 256;
+// A prompt that fits one prefill chunk is padded to a power of two of at least this many tokens (at most the
+// chunk) and replayed from the graph of that length.
+constexpr int64_t kMinPromptBucket = 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -92,13 +95,22 @@ struct Engine::Impl {
   // SamplerRows::greedy_only (two kernels instead of about fourteen); a step with a sampled row replays the
   // general one.
   std::map<std::tuple<int64_t, int64_t, bool>, cuda::Graph> graphs;
-  // Full prefill chunks before a prompt's last (prefill_chunk tokens: KV cache only), by chunk start. A replay
-  // reads the chunk's ids, slots and positions from prefill_inputs and its sequence's blocks from prefill_table,
-  // both rewritten before it; everything else a chunk's kernels take from the host (the chunk start and length,
-  // the shapes) is in the key.
+  // Prefill chunks replayed from graphs. A replay reads the chunk's ids, slots and positions from
+  // prefill_inputs and its sequence's blocks from prefill_table, both rewritten before it; everything else a
+  // chunk's kernels take from the host (the chunk start and length, the shapes) is in the key.
+  //   prefill_graphs: full chunks before a prompt's last (prefill_chunk tokens, KV cache only), by chunk start;
+  //   prompt_graphs: a prompt that fits one chunk, padded to a bucket (ids 0, slots -1: not written; the
+  //     padding comes after the prompt, so causal attention keeps it out of the prompt's rows), by bucket; the
+  //     logits of row prefill_last_row, which the graph writes into its `logits`.
+  struct PromptGraph {
+    cuda::Graph graph;
+    Tensor logits;  // [1, 1, V]: allocated in the capture, from the graph pool
+  };
   std::map<int64_t, cuda::Graph> prefill_graphs;
-  Tensor prefill_inputs;  // i32 [3, prefill_chunk]: ids, slots, rotary positions
-  Tensor prefill_table;   // i32 [1, max_blocks_per_sequence]
+  std::map<int64_t, PromptGraph> prompt_graphs;
+  Tensor prefill_inputs;    // i32 [3, prefill_chunk]: ids, slots, rotary positions
+  Tensor prefill_table;     // i32 [1, max_blocks_per_sequence]
+  Tensor prefill_last_row;  // i32 [1]: the prompt's last token's row
 
   // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
   // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
@@ -159,6 +171,7 @@ struct Engine::Impl {
     if (stream && options.cuda_graphs) {
       prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
       prefill_table = Tensor::zeros({1, max_blocks_per_sequence}, DType::i32, device);
+      prefill_last_row = Tensor::zeros({1}, DType::i32, device);
     }
     free_blocks.resize(static_cast<size_t>(blocks));
     for (int64_t i = 0; i < blocks; ++i) free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(blocks - 1 - i);
@@ -177,6 +190,7 @@ struct Engine::Impl {
       cuda::synchronize(device.index);
       graphs.clear();
       prefill_graphs.clear();
+      prompt_graphs.clear();  // their logits go back to the pool too
       cuda::release_graph_pool(device.index, graph_pool);
     } catch (...) {  // a destructor must not throw; the memory stays cached
     }
@@ -396,7 +410,8 @@ struct Engine::Impl {
       host[static_cast<size_t>(2 * count) + at] = static_cast<int32_t>(start + i);
     }
     seq->cached += count;
-    if (!last && stream && options.cuda_graphs) {  // count == prefill_chunk: only the last chunk is shorter
+    const bool graphed = stream && options.cuda_graphs && (!last || start == 0);
+    if (!last && graphed) {  // count == prefill_chunk: only the last chunk is shorter
       upload(prefill_inputs, host.data(), 3 * count);
       prefill_table.copy_(block_tables.narrow(0, seq->row, 1));
       prefill_graph(start).replay();
@@ -404,26 +419,46 @@ struct Engine::Impl {
       ++counters.prefill_graph_replays;
       return true;
     }
-    const Tensor inputs = Tensor::empty({3, count}, DType::i32, device);
-    upload(inputs, host.data(), 3 * count);
-    nn::PagedBatch batch;
-    nn::ForwardContext ctx;
-    const Tensor chunk_ids = chunk_context(inputs, block_tables, start, seq->row, batch, ctx);
-    if (!last) {
-      model.fill_cache(chunk_ids, ctx);  // nobody reads an earlier chunk's logits
-    } else {
-      const Tensor logits = model.forward(chunk_ids, ctx).value();  // [1, 1, V]
-      start_decoding(*seq);
-      const int64_t row = seq->row;
-      sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),
-                    tokens.narrow(0, row, 1));
-      download(host_tokens[kPrefillBuffer] + row, tokens.narrow(0, row, 1), 1);
-      if (stream) tokens_read[kPrefillBuffer]->record(*stream);
-      ++seq->steps_in_flight;
-      in_flight.push_back(StepInFlight{{{row, seq->id}}, kPrefillBuffer});
+    Tensor logits;  // [1, 1, V]: the prompt's last
+    if (graphed) {  // the whole prompt in one chunk
+      const int64_t chunk = options.prefill_chunk;
+      std::vector<int32_t> padded(static_cast<size_t>(3 * chunk));
+      for (int64_t r = 0; r < 3; ++r) {
+        const int32_t pad = r == 0 ? 0 : r == 1 ? -1 : static_cast<int32_t>(count - 1);  // id, slot, position
+        auto from = host.begin() + r * count;
+        auto to = std::copy(from, from + count, padded.begin() + r * chunk);
+        std::fill(to, padded.begin() + (r + 1) * chunk, pad);
+      }
+      upload(prefill_inputs, padded.data(), 3 * chunk);
+      const auto last_row = static_cast<int32_t>(count - 1);
+      upload(prefill_last_row, &last_row, 1);
+      const PromptGraph& g = prompt_graph(count);
+      g.graph.replay();
+      logits = g.logits;
       std::lock_guard<std::mutex> lock(mutex);
-      ++counters.prefill_samples;
+      ++counters.prefill_graph_replays;
+    } else {
+      const Tensor inputs = Tensor::empty({3, count}, DType::i32, device);
+      upload(inputs, host.data(), 3 * count);
+      nn::PagedBatch batch;
+      nn::ForwardContext ctx;
+      const Tensor chunk_ids = chunk_context(inputs, block_tables, start, seq->row, batch, ctx);
+      if (!last) {
+        model.fill_cache(chunk_ids, ctx);  // nobody reads an earlier chunk's logits
+        return true;
+      }
+      logits = model.forward(chunk_ids, ctx).value();
     }
+    start_decoding(*seq);
+    const int64_t row = seq->row;
+    sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),
+                  tokens.narrow(0, row, 1));
+    download(host_tokens[kPrefillBuffer] + row, tokens.narrow(0, row, 1), 1);
+    if (stream) tokens_read[kPrefillBuffer]->record(*stream);
+    ++seq->steps_in_flight;
+    in_flight.push_back(StepInFlight{{{row, seq->id}}, kPrefillBuffer});
+    std::lock_guard<std::mutex> lock(mutex);
+    ++counters.prefill_samples;
     return true;
   }
 
@@ -455,6 +490,32 @@ struct Engine::Impl {
         });
       } catch (...) {
         prefill_graphs.erase(it);
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.graphs_captured;
+    }
+    return it->second;
+  }
+
+  // The graph of a prompt of `count` tokens that fits one chunk, padded to its bucket; captured on first use.
+  const PromptGraph& prompt_graph(int64_t count) {
+    int64_t bucket = kMinPromptBucket;
+    while (bucket < count) bucket *= 2;
+    bucket = std::min(bucket, options.prefill_chunk);
+    auto [it, fresh] = prompt_graphs.try_emplace(bucket);
+    if (fresh) {
+      try {
+        PromptGraph& g = it->second;
+        g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
+          nn::PagedBatch batch;
+          nn::ForwardContext ctx;
+          const Tensor ids = chunk_context(prefill_inputs.narrow(1, 0, bucket), prefill_table, 0, 0, batch, ctx);
+          ctx.last_row = prefill_last_row;
+          g.logits = model.forward(ids, ctx).value();
+        });
+      } catch (...) {
+        prompt_graphs.erase(it);
         throw;
       }
       std::lock_guard<std::mutex> lock(mutex);

@@ -4,6 +4,7 @@
 
 #include "microllm/autograd/functions.h"
 #include "microllm/nn/paged_kv_cache.h"
+#include "microllm/ops/indexing.h"
 
 namespace microllm::nn {
 
@@ -163,7 +164,16 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   ForwardContext ctx = context;
   auto [delta, residual] = run_layers(ids, ctx);
   const int64_t tokens = ids.size(1);
-  if (ctx.last_logits_only && tokens > 1) {  // generation needs no more
+  if (ctx.last_logits_only && ctx.last_row.defined()) {  // a row chosen on the device
+    MICROLLM_CHECK(!autograd::grad_enabled() && ids.size(0) == 1, ValueError, "transformer",
+                   "last_row picks the row of one sequence at inference (no grad), got a batch of ", ids.size(0));
+    const auto row = [&](const Variable& v) {
+      const int64_t width = v.value().size(-1);
+      return Variable(embedding(v.value().reshape({tokens, width}), ctx.last_row).reshape({1, 1, width}));
+    };
+    delta = row(delta);
+    residual = row(residual);
+  } else if (ctx.last_logits_only && tokens > 1) {  // generation needs no more
     delta = ag::narrow(delta, 1, tokens - 1, 1);
     residual = ag::narrow(residual, 1, tokens - 1, 1);
   }

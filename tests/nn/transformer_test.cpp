@@ -146,6 +146,25 @@ TEST(Transformer, FillCacheLeavesTheKvThatForwardWouldAndNoLogits) {
   EXPECT_THROW(model.fill_cache(ids, ForwardContext()), ValueError) << "without a cache it would do nothing";
 }
 
+TEST(Transformer, LastRowGivesTheLogitsOfThatRowOnly) {
+  TransformerLM model(small_config(false), 17);
+  const Tensor ids = random_ids(1, 9, 11, 15);
+  autograd::NoGradGuard no_grad;
+  const Tensor all = model.forward(ids, ForwardContext()).value();  // [1, 9, 11]
+  for (int32_t row : {0, 4, 8}) {
+    ForwardContext ctx;
+    ctx.last_logits_only = true;
+    ctx.last_row = Tensor::from_vector(std::vector<int32_t>{row}, {1});
+    const Tensor got = model.forward(ids, ctx).value();
+    ASSERT_EQ(got.shape(), Shape({1, 1, 11}));
+    EXPECT_LE(testing::relative_error(got, all.narrow(1, row, 1).contiguous()), 1e-6) << "row " << row;
+  }
+  ForwardContext batched;
+  batched.last_logits_only = true;
+  batched.last_row = Tensor::from_vector(std::vector<int32_t>{0}, {1});
+  EXPECT_THROW(model.forward(random_ids(2, 9, 11, 16), batched), ValueError) << "one sequence only";
+}
+
 TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {
   for (bool qwen3_style : {false, true}) {
     TransformerLM model(small_config(qwen3_style), 21);

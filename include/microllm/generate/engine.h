@@ -7,8 +7,10 @@
 //   2. one prefill chunk (at most prefill_chunk tokens) of the oldest request still prefilling, so a long
 //      prompt never stalls the sequences already decoding for more than one chunk; the last chunk samples the
 //      request's first token from the prompt's last logits, on the device (a one-token prompt has no prefill:
-//      its first decode step feeds it). On CUDA a full chunk before the last is replayed from a CUDA graph
-//      captured per chunk start (its ~300 kernels cost the host one launch, not ~300);
+//      its first decode step feeds it). On CUDA a chunk's ~300 kernels are replayed from a CUDA graph (one
+//      launch for the host, not ~300) when it is a full chunk before the last (a graph per chunk start) or a
+//      whole prompt that fits one chunk (padded to a power of two, a graph per length); only the last chunk of
+//      a longer prompt runs eagerly;
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
 //      context bucket), so a step costs one upload of the step's positions/slots, one graph launch and one
@@ -41,7 +43,7 @@ struct EngineOptions {
                                // 1 GiB (CPU), at most max_batch full windows
   double kv_memory_fraction = 0.5;
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step
-  bool cuda_graphs = true;      // replay decode steps and full prefill chunks from CUDA graphs (CUDA only)
+  bool cuda_graphs = true;      // replay decode steps and prefill chunks from CUDA graphs (CUDA only)
   DType dtype = DType::f32;     // compute and KV cache dtype
 };
 

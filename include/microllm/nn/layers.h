@@ -25,6 +25,10 @@ struct ForwardContext {
   Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
   const PagedBatch* paged = nullptr;  // inference over a paged KV cache (nn/paged_kv_cache.h), instead of cache
   bool last_logits_only = false;      // TransformerLM::forward returns each sequence's last logits: [B, 1, vocab]
+  // With last_logits_only and one sequence (B == 1, inference): i32 [1] on the model's device, the row whose
+  // logits are returned instead of row T - 1, so that a chunk padded past its last token can be replayed from
+  // a CUDA graph (the row is data, not a launch argument).
+  Tensor last_row;
 };
 
 // Where new parameters get their values: weights Normal(0, std) from a seeded generator (training from
