@@ -410,45 +410,8 @@ struct Engine::Impl {
       host[static_cast<size_t>(2 * count) + at] = static_cast<int32_t>(start + i);
     }
     seq->cached += count;
-    const bool graphed = stream && options.cuda_graphs && (!last || start == 0);
-    if (!last && graphed) {  // count == prefill_chunk: only the last chunk is shorter
-      upload(prefill_inputs, host.data(), 3 * count);
-      prefill_table.copy_(block_tables.narrow(0, seq->row, 1));
-      prefill_graph(start).replay();
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.prefill_graph_replays;
-      return true;
-    }
-    Tensor logits;  // [1, 1, V]: the prompt's last
-    if (graphed) {  // the whole prompt in one chunk
-      const int64_t chunk = options.prefill_chunk;
-      std::vector<int32_t> padded(static_cast<size_t>(3 * chunk));
-      for (int64_t r = 0; r < 3; ++r) {
-        const int32_t pad = r == 0 ? 0 : r == 1 ? -1 : static_cast<int32_t>(count - 1);  // id, slot, position
-        auto from = host.begin() + r * count;
-        auto to = std::copy(from, from + count, padded.begin() + r * chunk);
-        std::fill(to, padded.begin() + (r + 1) * chunk, pad);
-      }
-      upload(prefill_inputs, padded.data(), 3 * chunk);
-      const auto last_row = static_cast<int32_t>(count - 1);
-      upload(prefill_last_row, &last_row, 1);
-      const PromptGraph& g = prompt_graph(count);
-      g.graph.replay();
-      logits = g.logits;
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.prefill_graph_replays;
-    } else {
-      const Tensor inputs = Tensor::empty({3, count}, DType::i32, device);
-      upload(inputs, host.data(), 3 * count);
-      nn::PagedBatch batch;
-      nn::ForwardContext ctx;
-      const Tensor chunk_ids = chunk_context(inputs, block_tables, start, seq->row, batch, ctx);
-      if (!last) {
-        model.fill_cache(chunk_ids, ctx);  // nobody reads an earlier chunk's logits
-        return true;
-      }
-      logits = model.forward(chunk_ids, ctx).value();
-    }
+    const Tensor logits = run_chunk(*seq, host, start, count, last);
+    if (!last) return true;
     start_decoding(*seq);
     const int64_t row = seq->row;
     sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),
@@ -460,6 +423,50 @@ struct Engine::Impl {
     std::lock_guard<std::mutex> lock(mutex);
     ++counters.prefill_samples;
     return true;
+  }
+
+  // One chunk of `seq` (inputs: i32 [3, count] on the host), replayed from a graph where one fits (a full chunk
+  // before the last; a whole prompt, padded), eagerly otherwise. Returns the prompt's last logits [1, 1, V] for
+  // the last chunk, nothing for an earlier one.
+  Tensor run_chunk(const Sequence& seq, const std::vector<int32_t>& inputs, int64_t start, int64_t count, bool last) {
+    const bool replay = stream && options.cuda_graphs;
+    if (replay && !last) {  // count == prefill_chunk: only the last chunk is shorter
+      upload(prefill_inputs, inputs.data(), 3 * count);
+      prefill_table.copy_(block_tables.narrow(0, seq.row, 1));
+      prefill_graph(start).replay();
+      count_prefill_replay();
+      return {};
+    }
+    if (replay && start == 0) {  // the whole prompt in one chunk, padded: id 0, slot -1, the last position
+      const int64_t chunk = options.prefill_chunk;
+      std::vector<int32_t> padded(static_cast<size_t>(3 * chunk));
+      for (int64_t r = 0; r < 3; ++r) {
+        const int32_t pad = r == 0 ? 0 : r == 1 ? -1 : static_cast<int32_t>(count - 1);
+        const auto from = inputs.begin() + r * count;
+        const auto to = std::copy(from, from + count, padded.begin() + r * chunk);
+        std::fill(to, padded.begin() + (r + 1) * chunk, pad);
+      }
+      upload(prefill_inputs, padded.data(), 3 * chunk);
+      const auto last_row = static_cast<int32_t>(count - 1);
+      upload(prefill_last_row, &last_row, 1);
+      const PromptGraph& g = prompt_graph(count);
+      g.graph.replay();
+      count_prefill_replay();
+      return g.logits;
+    }
+    const Tensor on_device = Tensor::empty({3, count}, DType::i32, device);
+    upload(on_device, inputs.data(), 3 * count);
+    nn::PagedBatch batch;
+    nn::ForwardContext ctx;
+    const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, batch, ctx);
+    if (last) return model.forward(ids, ctx).value();
+    model.fill_cache(ids, ctx);  // nobody reads an earlier chunk's logits
+    return {};
+  }
+
+  void count_prefill_replay() {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++counters.prefill_graph_replays;
   }
 
   // A prefill chunk's batch and context from its inputs (i32 [3, count]: ids, slots, positions) and its

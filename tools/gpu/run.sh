@@ -24,6 +24,9 @@
 #   persistent-mlp   benchmarks/persistent_mlp_bench: a decode layer's MLP half as one persistent kernel against the
 #                    chained GEMV kernels
 #   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config
+#   host-profile     the host's time in microllm bench (HOST_PROFILE_ARGS, default 1,500 eager 128-token forwards of
+#                    Qwen2.5-0.5B, --path plain) under gperftools' CPU profiler (libprofiler staged from this machine's
+#                    libgoogle-perftools4), read by tools/gpu/host_profile.py
 #   gemv-profile     Nsight Compute sections of the decode GEMV and of cuBLASLt on one cuda_ops_bench row
 #                    (GEMV_PROFILE_OP, default Qwen2.5-0.5B's folded gate_up)
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
@@ -245,6 +248,25 @@ step_prefill_profile() {
   echo "== prefill --op-times: exit $?"; cat "$RES/logs/prefill_op_times.log"
 }
 
+step_host_profile() {
+  local lib=.device/gperf/libprofiler.so.0 prof="$RES/host.prof" f
+  if [ ! -f "$lib" ]; then
+    echo "== host-profile: no $lib (apt-get install libgoogle-perftools4 where you stage, then tools/gpu/stage.sh)"
+    return
+  fi
+  # shellcheck disable=SC2086
+  LD_PRELOAD="$PWD/$lib" LD_LIBRARY_PATH="$PWD/.device/gperf:$LD_LIBRARY_PATH" CPUPROFILE="$prof" \
+    CPUPROFILE_FREQUENCY=2000 timeout 300 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json \
+    --device cuda --dtype bf16 ${HOST_PROFILE_ARGS:---path plain -p 128 -n 0 --workload none -r 1500} \
+    > "$RES/logs/host_profile_bench.log" 2>&1
+  echo "== host-profile bench: exit $?"; tail -3 "$RES/logs/host_profile_bench.log"
+  for f in "$prof"*; do  # a forked child writes its own file (PROFILE_pid)
+    python3 tools/gpu/host_profile.py "$f" --focus run_bench --group run_matmul --group launch_chained \
+      > "$RES/logs/host_profile_$(basename "$f").md" 2>&1
+    head -60 "$RES/logs/host_profile_$(basename "$f").md"
+  done
+}
+
 step_engine_bench() {
   local path
   for path in engine plain; do
@@ -331,6 +353,7 @@ for step in "${steps[@]}"; do
     engine-profile) step_engine_profile ;;
     decode-ab) step_decode_ab ;;
     prefill-profile) step_prefill_profile ;;
+    host-profile) step_host_profile ;;
     persistent-mlp) step_persistent_mlp ;;
     gemv-profile) step_gemv_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;

@@ -16,6 +16,11 @@ done
 for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done
 # Libraries the GPU machine's image lacks (its Ubuntu has no utf8proc, no cpp-httplib).
 cp -L /usr/lib/x86_64-linux-gnu/libutf8proc.so.2 /usr/lib/x86_64-linux-gnu/libcpp-httplib.so.0.11 .device/lib/
+# gperftools' CPU profiler for run.sh host-profile, where this machine has it (apt-get install libgoogle-perftools4).
+if [ -f /usr/lib/x86_64-linux-gnu/libprofiler.so.0 ]; then
+  mkdir -p .device/gperf
+  cp -L /usr/lib/x86_64-linux-gnu/libprofiler.so.0 /usr/lib/x86_64-linux-gnu/libunwind.so.8 .device/gperf/
+fi
 strip --strip-debug .device/bin/* .device/lib/*.so.* 2>/dev/null || true
 du -sh .device
 # The tokenizer files for the oracles, compressed (they are 30 MB as JSON).
