@@ -25,6 +25,9 @@ constexpr int64_t kMinContextBucket = 256;
 // A prompt that fits one prefill chunk is padded to a power of two of at least this many tokens (at most the
 // chunk) and replayed from the graph of that length.
 constexpr int64_t kMinPromptBucket = 16;
+// Graphs of full chunks kept at most (one per chunk start: 64 cover a 32K window in chunks of 512); later starts
+// run eagerly, so a tiny chunk size cannot make a long prompt capture a graph per token.
+constexpr size_t kMaxChunkGraphs = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -430,7 +433,8 @@ struct Engine::Impl {
   // the last chunk, nothing for an earlier one.
   Tensor run_chunk(const Sequence& seq, const std::vector<int32_t>& inputs, int64_t start, int64_t count, bool last) {
     const bool replay = stream && options.cuda_graphs;
-    if (replay && !last) {  // count == prefill_chunk: only the last chunk is shorter
+    if (replay && !last && (prefill_graphs.count(start) || prefill_graphs.size() < kMaxChunkGraphs)) {
+      // count == prefill_chunk: only the last chunk is shorter
       upload(prefill_inputs, inputs.data(), 3 * count);
       prefill_table.copy_(block_tables.narrow(0, seq.row, 1));
       prefill_graph(start).replay();

@@ -255,6 +255,21 @@ TEST_P(EngineTest, TheFirstTokenComesFromThePrefillAlone) {
   EXPECT_EQ(stats.kv_blocks_used, 0);
 }
 
+TEST_P(EngineTest, TinyChunksCaptureABoundedNumberOfGraphs) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const std::vector<EngineRequest> requests{request(prompt(80), 3)};
+  EngineOptions options;
+  options.block_size = 4;
+  options.prefill_chunk = 1;  // 79 full chunks before the last: 64 from graphs (one per start), 15 eagerly
+  Engine engine(*model_, options);
+  expect_each_as_alone(run(engine, requests), requests);
+  if (GetParam().is_cuda()) {
+    const EngineStats stats = engine.stats();
+    EXPECT_EQ(stats.prefill_graph_replays, 64u);
+    EXPECT_LE(stats.graphs_captured, 64u + 2) << "the chunk graphs and the decode steps' (one context bucket)";
+  }
+}
+
 TEST_P(EngineTest, ARowAndBlocksFreedOneStepLateGoToTheNextRequestUnchanged) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   // Two rows and a pool of exactly the first two requests' blocks (7 + 11): the third waits for the first's.
