@@ -167,7 +167,7 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   if (ctx.last_logits_only && ctx.last_row.defined()) {  // a row chosen on the device
     MICROLLM_CHECK(!autograd::grad_enabled() && ids.size(0) == 1, ValueError, "transformer",
                    "last_row picks the row of one sequence at inference (no grad), got a batch of ", ids.size(0));
-    const auto row = [&](const Variable& v) {
+    const auto row = [&](const Variable& v) {  // embedding(): rows of a [T, width] table gathered by device index
       const int64_t width = v.value().size(-1);
       return Variable(embedding(v.value().reshape({tokens, width}), ctx.last_row).reshape({1, 1, width}));
     };

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace microllm::cuda {
@@ -172,7 +173,8 @@ class UploadStaging {
   // Enqueues the copy of `bytes` from host memory `src` to device memory `dst` on the stream.
   void upload(void* dst, const void* src, size_t bytes);
   const Stream& stream() const { return stream_; }
-  // How often an upload waited for an arena's last copy, and how often an arena grew (tests).
+  // How often an upload synchronized with an arena's last copy (a wait, if it had not run yet), and how often
+  // an arena grew (tests).
   uint64_t waits() const { return waits_; }
   uint64_t grows() const { return grows_; }
 
@@ -180,7 +182,7 @@ class UploadStaging {
   struct Arena;
   Stream stream_;
   size_t arena_bytes_;
-  Arena* arenas_ = nullptr;  // [2]
+  std::unique_ptr<Arena[]> arenas_;  // [2]
   int current_ = 0;
   uint64_t waits_ = 0, grows_ = 0;
 };

@@ -356,7 +356,7 @@ struct UploadStaging::Arena {
 };
 
 UploadStaging::UploadStaging(const Stream& stream, size_t arena_bytes)
-    : stream_(stream), arena_bytes_(std::max<size_t>(arena_bytes, 16)), arenas_(new Arena[2]) {}
+    : stream_(stream), arena_bytes_(std::max<size_t>(arena_bytes, 16)), arenas_(std::make_unique<Arena[]>(2)) {}
 
 UploadStaging::~UploadStaging() {
   // Copies still enqueued read the arenas: let them finish before the memory goes back.
@@ -364,7 +364,6 @@ UploadStaging::~UploadStaging() {
     stream_.synchronize();
   } catch (...) {  // a destructor must not throw; a failed stream ran nothing more anyway
   }
-  delete[] arenas_;
 }
 
 void UploadStaging::upload(void* dst, const void* src, size_t bytes) {
