@@ -491,22 +491,13 @@ struct Engine::Impl {
 
   // The graph of a full prefill chunk (not a prompt's last) starting at `start`, captured on first use.
   const cuda::Graph& prefill_graph(int64_t start) {
-    auto [it, fresh] = prefill_graphs.try_emplace(start);
-    if (fresh) {
-      try {
-        it->second = cuda::Graph::capture(*stream, graph_pool, [&] {
-          nn::PagedBatch batch;
-          nn::ForwardContext ctx;
-          model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, batch, ctx), ctx);
-        });
-      } catch (...) {
-        prefill_graphs.erase(it);
-        throw;
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.graphs_captured;
-    }
-    return it->second;
+    return cached(prefill_graphs, start, [&](cuda::Graph& graph) {
+      graph = cuda::Graph::capture(*stream, graph_pool, [&] {
+        nn::PagedBatch batch;
+        nn::ForwardContext ctx;
+        model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, batch, ctx), ctx);
+      });
+    });
   }
 
   // The graph of a prompt of `count` tokens that fits one chunk, padded to its bucket; captured on first use.
@@ -514,25 +505,15 @@ struct Engine::Impl {
     int64_t bucket = kMinPromptBucket;
     while (bucket < count) bucket *= 2;
     bucket = std::min(bucket, options.prefill_chunk);
-    auto [it, fresh] = prompt_graphs.try_emplace(bucket);
-    if (fresh) {
-      try {
-        PromptGraph& g = it->second;
-        g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
-          nn::PagedBatch batch;
-          nn::ForwardContext ctx;
-          const Tensor ids = chunk_context(prefill_inputs.narrow(1, 0, bucket), prefill_table, 0, 0, batch, ctx);
-          ctx.last_row = prefill_last_row;
-          g.logits = model.forward(ids, ctx).value();
-        });
-      } catch (...) {
-        prompt_graphs.erase(it);
-        throw;
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      ++counters.graphs_captured;
-    }
-    return it->second;
+    return cached(prompt_graphs, bucket, [&](PromptGraph& g) {
+      g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
+        nn::PagedBatch batch;
+        nn::ForwardContext ctx;
+        const Tensor ids = chunk_context(prefill_inputs.narrow(1, 0, bucket), prefill_table, 0, 0, batch, ctx);
+        ctx.last_row = prefill_last_row;
+        g.logits = model.forward(ids, ctx).value();
+      });
+    });
   }
 
   SamplerRows narrow_rows(int64_t first, int64_t count, bool greedy_only) const {
@@ -563,12 +544,20 @@ struct Engine::Impl {
 
   // The decode step's graph for (rows, context bound, greedy_only), captured on first use.
   const cuda::Graph& decode_graph(int64_t batch_rows, int64_t context, bool greedy_only) {
-    auto [it, fresh] = graphs.try_emplace({batch_rows, context, greedy_only});
+    return cached(graphs, std::tuple{batch_rows, context, greedy_only}, [&](cuda::Graph& graph) {
+      graph = cuda::Graph::capture(*stream, graph_pool, [&] { decode_forward(batch_rows, context, greedy_only); });
+    });
+  }
+
+  // The entry of `entries` under `key`, filled by `capture` on first use (a capture that throws leaves none).
+  template <typename Map, typename Capture>
+  const typename Map::mapped_type& cached(Map& entries, const typename Map::key_type& key, Capture&& capture) {
+    auto [it, fresh] = entries.try_emplace(key);
     if (fresh) {
       try {
-        it->second = cuda::Graph::capture(*stream, graph_pool, [&] { decode_forward(batch_rows, context, greedy_only); });
+        capture(it->second);
       } catch (...) {
-        graphs.erase(it);
+        entries.erase(it);
         throw;
       }
       std::lock_guard<std::mutex> lock(mutex);
