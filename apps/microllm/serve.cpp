@@ -59,6 +59,11 @@ void register_serve(CLI::App& app) {
                   "KV cache blocks of 16 tokens (0: half the free GPU memory; on the CPU up to 1 GiB)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->server.prefill_chunk,
+                  "Prompt tokens prefilled per engine step (more: long prompts sooner; fewer: shorter stalls for "
+                  "running requests)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413")->capture_default_str();
   cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--default-max-tokens", o->server.default_max_tokens, "Chat completions without max_tokens")

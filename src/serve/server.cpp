@@ -223,6 +223,7 @@ struct Server::Impl {
     engine_options.max_batch = options.max_batch;
     engine_options.dtype = compute_dtype;
     engine_options.kv_blocks = options.kv_blocks;
+    engine_options.prefill_chunk = options.prefill_chunk;
     engine = std::make_unique<generate::Engine>(*model, engine_options);
     metrics.kv_blocks_total = engine->stats().kv_blocks_total;
   }

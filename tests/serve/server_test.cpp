@@ -71,6 +71,7 @@ class ServeTest : public ::testing::Test {
     options.model_name = "tiny";
     options.port = 0;
     options.max_body_bytes = 64 * 1024;
+    options.prefill_chunk = 4;  // the prompts are prefilled over several engine steps
     server_ = std::make_unique<Server>(options);
     server_->start();
     reference_model_ = models::load_model(options.model_dir).model;

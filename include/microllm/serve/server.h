@@ -35,6 +35,8 @@ struct ServerOptions {
   std::string dtype = "f32";        // weights and compute: f32 or bf16
   int max_batch = 8;                // sequences decoded together at most (the engine's rows)
   int64_t kv_blocks = 0;            // KV cache blocks of 16 tokens; 0: the engine's default (EngineOptions)
+  int64_t prefill_chunk = 512;      // prompt tokens per engine step: more prefill long prompts faster, fewer keep
+                                    // the running requests' gaps between tokens shorter
   size_t max_body_bytes = 1 << 20;  // larger request bodies get 413
   std::string api_key;              // non-empty: /v1/* need "Authorization: Bearer <api_key>"
   int64_t default_max_tokens = 256; // chat completions without max_tokens (completions default to 16, as OpenAI)
