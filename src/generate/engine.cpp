@@ -103,15 +103,16 @@ struct Engine::Impl {
   // chunk's kernels take from the host (the chunk start and length, the shapes) is in the key.
   //   prefill_graphs: full chunks before a prompt's last (prefill_chunk tokens, KV cache only), by chunk start;
   //   prompt_graphs: a prompt that fits one chunk, padded to a bucket (ids 0, slots -1: not written; the
-  //     padding comes after the prompt, so causal attention keeps it out of the prompt's rows), by bucket; the
-  //     logits of row prefill_last_row, which the graph writes into its `logits`.
+  //     padding comes after the prompt, so causal attention keeps it out of the prompt's rows), by bucket; it
+  //     reads its own inputs and writes the logits of row prefill_last_row into its `logits`.
   struct PromptGraph {
     cuda::Graph graph;
+    Tensor inputs;  // i32 [3, bucket]: ids, slots, rotary positions
     Tensor logits;  // [1, 1, V]: allocated in the capture, from the graph pool
   };
   std::map<int64_t, cuda::Graph> prefill_graphs;
   std::map<int64_t, PromptGraph> prompt_graphs;
-  Tensor prefill_inputs;    // i32 [3, prefill_chunk]: ids, slots, rotary positions
+  Tensor prefill_inputs;    // i32 [3, prefill_chunk]: a full chunk's ids, slots, rotary positions
   Tensor prefill_table;     // i32 [1, max_blocks_per_sequence]
   Tensor prefill_last_row;  // i32 [1]: the prompt's last token's row
 
@@ -404,16 +405,8 @@ struct Engine::Impl {
     const auto prompt = static_cast<int64_t>(seq->request.prompt.size());
     const int64_t start = seq->cached, count = std::min(options.prefill_chunk, prompt - start);
     const bool last = start + count == prompt;
-    // The chunk's ids, slots and rotary positions, one upload: i32 [3, count].
-    std::vector<int32_t> host(static_cast<size_t>(3 * count));
-    for (int64_t i = 0; i < count; ++i) {
-      const auto at = static_cast<size_t>(i);
-      host[at] = seq->request.prompt[static_cast<size_t>(start + i)];
-      host[static_cast<size_t>(count) + at] = slot_of(*seq, start + i);
-      host[static_cast<size_t>(2 * count) + at] = static_cast<int32_t>(start + i);
-    }
+    const Tensor logits = run_chunk(*seq, start, count, last);
     seq->cached += count;
-    const Tensor logits = run_chunk(*seq, host, start, count, last);
     if (!last) return true;
     start_decoding(*seq);
     const int64_t row = seq->row;
@@ -428,44 +421,51 @@ struct Engine::Impl {
     return true;
   }
 
-  // One chunk of `seq` (inputs: i32 [3, count] on the host), replayed from a graph where one fits (a full chunk
-  // before the last; a whole prompt, padded), eagerly otherwise. Returns the prompt's last logits [1, 1, V] for
-  // the last chunk, nothing for an earlier one.
-  Tensor run_chunk(const Sequence& seq, const std::vector<int32_t>& inputs, int64_t start, int64_t count, bool last) {
+  // One chunk of `seq` ([start, start + count) of its prompt), replayed from a graph where one fits (a full
+  // chunk before the last; a whole prompt, padded), eagerly otherwise. Returns the prompt's last logits
+  // [1, 1, V] for the last chunk, nothing for an earlier one.
+  Tensor run_chunk(const Sequence& seq, int64_t start, int64_t count, bool last) {
     const bool replay = stream && options.cuda_graphs;
     if (replay && !last && (prefill_graphs.count(start) || prefill_graphs.size() < kMaxChunkGraphs)) {
       // count == prefill_chunk: only the last chunk is shorter
-      upload(prefill_inputs, inputs.data(), 3 * count);
+      upload_chunk(prefill_inputs, seq, start, count);
       prefill_table.copy_(block_tables.narrow(0, seq.row, 1));
       prefill_graph(start).replay();
       count_prefill_replay();
       return {};
     }
-    if (replay && start == 0) {  // the whole prompt in one chunk, padded: id 0, slot -1, the last position
-      const int64_t chunk = options.prefill_chunk;
-      std::vector<int32_t> padded(static_cast<size_t>(3 * chunk));
-      for (int64_t r = 0; r < 3; ++r) {
-        const int32_t pad = r == 0 ? 0 : r == 1 ? -1 : static_cast<int32_t>(count - 1);
-        const auto from = inputs.begin() + r * count;
-        const auto to = std::copy(from, from + count, padded.begin() + r * chunk);
-        std::fill(to, padded.begin() + (r + 1) * chunk, pad);
-      }
-      upload(prefill_inputs, padded.data(), 3 * chunk);
+    if (replay && start == 0) {  // the whole prompt in one chunk, padded
+      const PromptGraph& g = prompt_graph(count);
+      upload_chunk(g.inputs, seq, start, count);
       const auto last_row = static_cast<int32_t>(count - 1);
       upload(prefill_last_row, &last_row, 1);
-      const PromptGraph& g = prompt_graph(count);
       g.graph.replay();
       count_prefill_replay();
       return g.logits;
     }
     const Tensor on_device = Tensor::empty({3, count}, DType::i32, device);
-    upload(on_device, inputs.data(), 3 * count);
+    upload_chunk(on_device, seq, start, count);
     nn::PagedBatch batch;
     nn::ForwardContext ctx;
     const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, batch, ctx);
     if (last) return model.forward(ids, ctx).value();
     model.fill_cache(ids, ctx);  // nobody reads an earlier chunk's logits
     return {};
+  }
+
+  // Writes the ids, slots and rotary positions of the prompt's tokens [start, start + count) to `inputs`
+  // (i32 [3, width], width >= count), padded past count with id 0, slot -1 (not written) and the last position.
+  void upload_chunk(const Tensor& inputs, const Sequence& seq, int64_t start, int64_t count) {
+    const int64_t width = inputs.size(1);
+    std::vector<int32_t> host(static_cast<size_t>(3 * width));
+    for (int64_t i = 0; i < width; ++i) {
+      const int64_t position = start + std::min(i, count - 1);
+      const auto at = static_cast<size_t>(i);
+      host[at] = i < count ? seq.request.prompt[static_cast<size_t>(position)] : 0;
+      host[static_cast<size_t>(width) + at] = i < count ? slot_of(seq, position) : -1;
+      host[static_cast<size_t>(2 * width) + at] = static_cast<int32_t>(position);
+    }
+    upload(inputs, host.data(), 3 * width);
   }
 
   void count_prefill_replay() {
@@ -506,10 +506,11 @@ struct Engine::Impl {
     while (bucket < count) bucket *= 2;
     bucket = std::min(bucket, options.prefill_chunk);
     return cached(prompt_graphs, bucket, [&](PromptGraph& g) {
+      g.inputs = Tensor::zeros({3, bucket}, DType::i32, device);
       g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
         nn::PagedBatch batch;
         nn::ForwardContext ctx;
-        const Tensor ids = chunk_context(prefill_inputs.narrow(1, 0, bucket), prefill_table, 0, 0, batch, ctx);
+        const Tensor ids = chunk_context(g.inputs, prefill_table, 0, 0, batch, ctx);
         ctx.last_row = prefill_last_row;
         g.logits = model.forward(ids, ctx).value();
       });
