@@ -63,7 +63,8 @@ void report(const std::string& op, const std::string& model, int64_t tokens, con
   std::fflush(stdout);
 }
 
-// Causal attention forward and backward in the model's [B, T, H, D] layout.
+// Causal attention forward and backward in the model's [B, T, H, D] layout; attention_fwd_mma is the forward on
+// the portable mma.sync kernel (set_flash_wgmma(false)), where attention_fwd takes the Hopper one.
 void attention_rows(const Model& m, int64_t batch, int64_t t) {
   if (!selected("attention_fwd", m.name) && !selected("attention_bwd", m.name)) return;  // no inputs to build
   const double e = 2;  // bf16 bytes
@@ -74,6 +75,11 @@ void attention_rows(const Model& m, int64_t batch, int64_t t) {
   const double rows = static_cast<double>(batch * t);
   report("attention_fwd", m.name, t, shape, e * rows * (2 * m.heads + 2 * m.kv_heads) * m.head_dim, attn_flops,
          [&] { attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2)); });
+  const bool wgmma = flash_wgmma();
+  set_flash_wgmma(false);
+  report("attention_fwd_mma", m.name, t, shape, e * rows * (2 * m.heads + 2 * m.kv_heads) * m.head_dim, attn_flops,
+         [&] { attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2)); });
+  set_flash_wgmma(wgmma);
   const AttentionResult fwd = attention(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2));
   report("attention_bwd", m.name, t, shape, e * rows * (4 * m.heads + 4 * m.kv_heads) * m.head_dim, 2.5 * attn_flops,
          [&] { attention_backward(aq.transpose(1, 2), ak.transpose(1, 2), av.transpose(1, 2), fwd, ado.transpose(1, 2)); });

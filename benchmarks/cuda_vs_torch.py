@@ -120,12 +120,12 @@ def torch_fn(line):
             logits.grad = None
             F.cross_entropy(logits, targets).backward()
         return run
-    if op in ("attention_fwd", "attention_bwd"):
+    if op in ("attention_fwd", "attention_fwd_mma", "attention_bwd"):
         b = int(line["shape"].split()[0][1:])  # "B8 T1024 ..."
         q = rand(b, t, nh, d).transpose(1, 2).requires_grad_()
         k = rand(b, t, nkv, d).transpose(1, 2).requires_grad_()
         v = rand(b, t, nkv, d).transpose(1, 2).requires_grad_()
-        if op == "attention_fwd":
+        if op != "attention_bwd":
             return lambda: sdpa(q, k, v, True)
         out = sdpa(q, k, v, True)
         do = rand(b, t, nh, d).transpose(1, 2)

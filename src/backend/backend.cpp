@@ -16,16 +16,22 @@ namespace {
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_deterministic{true};
 
-// MICROLLM_GEMV: unset or "1" -> on, "0" -> off; anything else is a configuration mistake worth an error.
-bool gemv_from_environment() {
-  const char* env = std::getenv("MICROLLM_GEMV");
+// A switch from the environment: unset or "1" -> on, "0" -> off; anything else is a configuration mistake
+// worth an error.
+bool switch_from_environment(const char* name) {
+  const char* env = std::getenv(name);
   if (env == nullptr || std::strcmp(env, "1") == 0) return true;
   if (std::strcmp(env, "0") == 0) return false;
-  throw ValueError("backend", str_cat("MICROLLM_GEMV must be 0 or 1, got \"", env, "\""));
+  throw ValueError("backend", str_cat(name, " must be 0 or 1, got \"", env, "\""));
 }
 
 std::atomic<bool>& decode_gemv_flag() {
-  static std::atomic<bool> flag{gemv_from_environment()};
+  static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMV")};
+  return flag;
+}
+
+std::atomic<bool>& flash_wgmma_flag() {
+  static std::atomic<bool> flag{switch_from_environment("MICROLLM_FLASH_WGMMA")};
   return flag;
 }
 }  // namespace
@@ -38,6 +44,8 @@ void set_deterministic_algorithms(bool deterministic) {
 bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_relaxed); }
 void set_decode_gemv(bool enabled) { decode_gemv_flag().store(enabled, std::memory_order_relaxed); }
 bool decode_gemv() { return decode_gemv_flag().load(std::memory_order_relaxed); }
+void set_flash_wgmma(bool enabled) { flash_wgmma_flag().store(enabled, std::memory_order_relaxed); }
+bool flash_wgmma() { return flash_wgmma_flag().load(std::memory_order_relaxed); }
 
 void Backend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,

@@ -202,4 +202,12 @@ bool deterministic_algorithms();
 void set_decode_gemv(bool enabled);
 bool decode_gemv();
 
+// Whether the CUDA flash attention forward runs its Hopper kernel (wgmma, src/backend/cuda/
+// attention_flash_fwd_sm90.cu) on an sm_90 GPU (H100 / H200) when the build has sm_90a machine code, instead of
+// the portable mma.sync kernel every sm_80+ GPU runs. On by default; MICROLLM_FLASH_WGMMA=0 turns it off (read
+// once, at the first call); set_flash_wgmma overrides both (process-wide), so tests and benchmarks can run the
+// two kernels side by side.
+void set_flash_wgmma(bool enabled);
+bool flash_wgmma();
+
 }  // namespace microllm

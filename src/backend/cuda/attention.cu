@@ -1,6 +1,7 @@
 // CUDA attention: the dispatcher. Each call takes the first path that supports it:
 //   forward:  decode (T <= 4: split keys, attention_decode.cu)
-//          -> flash (bf16/f16, D 64/128, no mask: tensor cores, attention_flash_fwd.cu)
+//          -> flash (bf16/f16, D 64/128, no mask: tensor cores; wgmma on an H100/H200,
+//             attention_flash_fwd_sm90.cu, else mma.sync, attention_flash_fwd.cu)
 //          -> reference (any dtype, D, mask, layout: attention_reference.cu)
 //   backward: flash (same conditions, attention_flash_bwd.cu) -> reference.
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy

@@ -144,6 +144,8 @@ __device__ __forceinline__ void chain_next_grids() {
 bool chained_launches(int device);
 // Multiprocessors of `device` (read once; launch shapes ask on every call).
 int multiprocessor_count(int device);
+// 10 x major + minor of `device` (90 for an H100 / H200), read once.
+int compute_capability(int device);
 
 template <typename... Params, typename... Args>
 void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,

@@ -30,6 +30,11 @@ int cached_attribute(int device) {
 
 int multiprocessor_count(int device) { return cached_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
+int compute_capability(int device) {
+  return 10 * cached_attribute<cudaDevAttrComputeCapabilityMajor>(device) +
+         cached_attribute<cudaDevAttrComputeCapabilityMinor>(device);
+}
+
 bool chained_launches(int device) {
   static const bool allowed = [] {
     const char* env = std::getenv("MICROLLM_PDL");

@@ -1,0 +1,147 @@
+// The flash attention forward's shared parts (internal header): the kernels' arguments, the causal extent of a
+// query block, the split-keys plan, the kernel that merges split rows, and the launch that ties them together.
+// Two kernels use them: the portable one on mma.sync (attention_flash_fwd.cu, any sm_80+ GPU; the one a HIP
+// port keeps) and the Hopper one on wgmma (attention_flash_fwd_sm90.cu, H100/H200), which flash_forward
+// prefers where it runs.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "attention_mma.cuh"
+#include "common.cuh"
+
+namespace microllm::cuda_kernels::attention::flash_fwd {
+
+using attn::pack2;
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;   // [B, Hq, T, D] contiguous
+  float* lse;  // [B, Hq, T] contiguous
+  int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, position (elements); dim stride is 1
+  int q_heads, group, q_len, kv_len, q_offset;
+  bool causal;
+  float scale_log2;  // scale * log2(e)
+  // Split keys (the header comment); chunk_tiles 0: one CTA per query block, no partials.
+  int chunk_tiles;     // key tiles per split
+  int n_split;         // splits of the longest block: the partials' stride
+  int split_row0;      // first row of the first block that splits (later blocks split too: kv_end grows)
+  int split_rows;      // q_len - split_row0
+  float* part_o;       // [B * Hq][split_rows][n_split][D], sum_j p_j v_j with p = 2^(s_j - m)
+  float2* part_ml;     // [B * Hq][split_rows][n_split]: (m in natural-log units, sum_j p_j)
+};
+
+// Keys that query block [q0, q0 + rows) reads: up to its last row's diagonal when causal (>= 1: key 0 is
+// always visible). One formula for the host's split plan and both kernels.
+MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
+  const int q_last = (q0 + rows < a.q_len ? q0 + rows : a.q_len) - 1;
+  const int causal_end = a.q_offset + q_last + 1;
+  return a.causal && causal_end < a.kv_len ? causal_end : a.kv_len;
+}
+
+// A row's total over the four lanes (threadID_in_group) that hold its columns of a C fragment.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += MICROLLM_SHFL_XOR(v, 1);
+  return v + MICROLLM_SHFL_XOR(v, 2);
+}
+
+// Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]):
+// out = sum_s w_s o_s / sum_s w_s l_s with w_s = e^(m_s - max m), lse = max m + log(sum); splits that saw
+// no key (l = 0) weigh nothing, and a row that saw none gets 0 and -inf, as the unsplit kernel writes.
+template <typename T, int D, int BR, int BC>
+__global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int64_t rows) {
+  constexpr int E = D / 32;  // elements per lane
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (w >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = w / a.split_rows;
+  const int row = a.split_row0 + static_cast<int>(w % a.split_rows);
+  const int n_tiles = (block_kv_end(a, row / BR * BR, BR) + BC - 1) / BC;
+  const int used = (n_tiles + a.chunk_tiles - 1) / a.chunk_tiles;
+  const float2* ml = a.part_ml + w * a.n_split;
+
+  float mx = -INFINITY;
+  for (int s = lane; s < used; s += 32) {
+    if (ml[s].y > 0.f) mx = fmaxf(mx, ml[s].x);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, MICROLLM_SHFL_XOR(mx, off));
+  float sum = 0.f, acc[E] = {};
+  for (int s = 0; s < used; ++s) {
+    const float2 st = ml[s];
+    if (!(st.y > 0.f)) continue;
+    const float ws = expf(st.x - mx);
+    sum += ws * st.y;
+    const float* o = a.part_o + (w * a.n_split + s) * D + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] += ws * o[e];
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* out = static_cast<T*>(a.out) + (bh * a.q_len + row) * D + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; e += 2) *reinterpret_cast<uint32_t*>(out + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
+  if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+}
+
+// The split plan (the header comment): a chunk near one slot's share of the key tiles of all blocks, never
+// under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the longest
+// block is well over that share.
+constexpr int kMinChunkKeys = 256;
+
+inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t slots) {
+  a.chunk_tiles = 0;
+  const int n_blocks = (a.q_len + rows - 1) / rows;
+  int64_t total = 0;
+  int longest = 0;
+  for (int i = 0; i < n_blocks; ++i) {
+    const int tiles = (block_kv_end(a, i * rows, rows) + tile_keys - 1) / tile_keys;
+    total += tiles;
+    longest = std::max(longest, tiles);
+  }
+  const int64_t share = (bh * total + slots - 1) / slots;
+  const int chunk = static_cast<int>(std::max<int64_t>(share, (kMinChunkKeys + tile_keys - 1) / tile_keys));
+  if (2 * longest <= 3 * share || longest <= chunk) return;
+  int first = 0;  // kv_end never shrinks with the block (causal) or is kv_len for all: splits are a suffix
+  while ((block_kv_end(a, first * rows, rows) + tile_keys - 1) / tile_keys <= chunk) ++first;
+  a.chunk_tiles = chunk;
+  a.n_split = (longest + chunk - 1) / chunk;
+  a.split_row0 = first * rows;
+  a.split_rows = a.q_len - a.split_row0;
+}
+
+
+// Launches `kernel` (a CTA per batch x query head x block of ROWS query rows, grid.z the splits) under the
+// split plan for `ctas_per_sm` resident CTAs an SM, then merges the rows of the blocks that split.
+template <typename T, int D, int ROWS, int BC>
+void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas_per_sm, FwdArgs& a, int64_t batch,
+                  cudaStream_t stream, int device) {
+  const int64_t bh = batch * a.q_heads;
+  split_plan(a, bh, ROWS, BC, int64_t{multiprocessor_count(device)} * ctas_per_sm);
+  Tensor part_o, part_ml;
+  if (a.chunk_tiles > 0) {
+    const Device dev = Device::cuda(device);
+    const int64_t partial_rows = bh * a.split_rows * a.n_split;
+    part_o = Tensor::empty({partial_rows * D}, DType::f32, dev);
+    part_ml = Tensor::empty({partial_rows * 2}, DType::f32, dev);
+    a.part_o = part_o.data<float>();
+    a.part_ml = reinterpret_cast<float2*>(part_ml.data<float>());
+  }
+  const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((a.q_len + ROWS - 1) / ROWS),
+                  static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1));
+  kernel<<<grid, threads, smem_bytes, stream>>>(a);
+  MICROLLM_CUDA_CHECK_LAUNCH();
+  if (a.chunk_tiles > 0) {
+    const int64_t rows = bh * a.split_rows;
+    flash_combine_kernel<T, D, ROWS, BC><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// The Hopper kernel (attention_flash_fwd_sm90.cu): whether it runs on `device` (an sm_90 GPU, this build has
+// sm_90a machine code, and set_flash_wgmma has not turned it off), and its launch (D 64 or 128).
+bool sm90_available(int device);
+void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_t stream, int device);
+
+}  // namespace microllm::cuda_kernels::attention::flash_fwd

@@ -1,0 +1,137 @@
+// The flash attention forward's Hopper kernel (wgmma, src/backend/cuda/attention_flash_fwd_sm90.cu) against
+// the kernel before it (mma.sync, attention_flash_fwd.cu: set_flash_wgmma(false)) and the CPU reference, on
+// fresh random inputs with NaN-poisoned outputs and a guard band after them: causal and not, a query offset
+// (a prefill chunk after cached keys), grouped heads, lengths that are not a multiple of any tile, blocks
+// whose keys split over several CTAs, and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128).
+// Skips without a GPU, and where the Hopper kernel does not run (not an sm_90 GPU, or no sm_90a code).
+#include <gtest/gtest.h>
+
+#ifdef MICROLLM_WITH_CUDA
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cuda/attention_kernels.h"
+#include "microllm/backend/backend.h"
+#include "microllm/core/cuda.h"
+#include "microllm/ops/ops.h"
+#include "test_support.h"
+
+namespace microllm {
+namespace {
+
+using testing::random_tensor;
+
+const Device kGpu = Device::cuda(0);
+constexpr int64_t kGuard = 64;  // poisoned elements after each output
+
+struct WgmmaSetting {
+  bool was = flash_wgmma();
+  explicit WgmmaSetting(bool enabled) { set_flash_wgmma(enabled); }
+  ~WgmmaSetting() { set_flash_wgmma(was); }
+  WgmmaSetting(const WgmmaSetting&) = delete;
+  WgmmaSetting& operator=(const WgmmaSetting&) = delete;
+};
+
+// A NaN-filled buffer with `shape`'s elements and a guard band; `view` is the output.
+struct Poisoned {
+  Tensor buffer, view;
+  Poisoned(const Shape& shape, DType dtype) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    buffer = Tensor::full({n + kGuard}, std::numeric_limits<double>::quiet_NaN(), dtype, kGpu);
+    view = buffer.narrow(0, 0, n).view(shape);
+  }
+  bool guard_intact() const {
+    for (double v : testing::host_values(buffer.narrow(0, view.numel(), kGuard).to(Device::cpu()))) {
+      if (!std::isnan(v)) return false;
+    }
+    return true;
+  }
+};
+
+struct Case {
+  const char* name;
+  int64_t batch, t, s, q_heads, kv_heads, d;
+  AttentionParams params;
+  bool cpu_reference;  // small enough for the CPU reference in a test
+};
+
+AttentionParams causal_at(int64_t q_offset) {
+  AttentionParams p;
+  p.q_offset = q_offset;
+  return p;
+}
+AttentionParams not_causal() {
+  AttentionParams p;
+  p.causal = false;
+  return p;
+}
+
+class FlashForwardCudaTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    MICROLLM_SKIP_IF_UNAVAILABLE(kGpu);
+    const WgmmaSetting on(true);
+    if (!cuda_kernels::attention::flash_forward_uses_wgmma(0)) {
+      GTEST_SKIP() << "the Hopper flash kernel does not run here (not an sm_90 GPU, or no sm_90a code)";
+    }
+  }
+  DType dtype() const { return GetParam(); }
+};
+
+TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) {
+  const std::vector<Case> cases = {
+      {"d64 causal, GQA 7", 2, 130, 130, 14, 2, 64, AttentionParams{}, true},
+      {"d128 causal, GQA 6", 1, 70, 70, 12, 2, 128, AttentionParams{}, true},
+      {"d64 chunk after cached keys", 2, 40, 130, 14, 2, 64, causal_at(90), true},
+      {"d128 not causal", 1, 77, 77, 12, 2, 128, not_causal(), true},
+      {"d128 split keys", 1, 1024, 1024, 2, 1, 128, AttentionParams{}, true},
+      {"d64 split keys, late chunk", 1, 200, 1200, 4, 2, 64, causal_at(1000), true},
+      {"d128 split keys, not causal", 1, 100, 1500, 2, 2, 128, not_causal(), true},
+      {"d64 one row", 3, 1, 333, 4, 4, 64, causal_at(332), true},
+      {"d64 batch 8, odd length", 8, 777, 777, 4, 2, 64, AttentionParams{}, false},
+      {"Qwen2.5-0.5B prefill", 1, 2048, 2048, 14, 2, 64, AttentionParams{}, false},
+      {"R1-Distill-1.5B prefill", 1, 2048, 2048, 12, 2, 128, AttentionParams{}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    // [B, H, L, D] views of [B, L, H, D] tensors: the model's layout.
+    const Tensor q_cpu = random_tensor({c.batch, c.t, c.q_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
+    const Tensor k_cpu = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
+    const Tensor v_cpu = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
+    const Tensor q = q_cpu.to(kGpu), k = k_cpu.to(kGpu), v = v_cpu.to(kGpu);
+    const Shape out_shape{c.batch, c.q_heads, c.t, c.d}, lse_shape{c.batch, c.q_heads, c.t};
+    auto run = [&](bool wgmma) {
+      const WgmmaSetting setting(wgmma);
+      EXPECT_EQ(cuda_kernels::attention::flash_forward_uses_wgmma(0), wgmma);
+      Poisoned out(out_shape, dtype()), lse(lse_shape, DType::f32);
+      backend_for(kGpu).attention(q, k, v, Tensor(), c.params, out.view, lse.view);
+      cuda::synchronize(0);
+      EXPECT_TRUE(out.guard_intact()) << "a write past the output";
+      EXPECT_TRUE(lse.guard_intact()) << "a write past lse";
+      return AttentionResult{out.view.to(Device::cpu()), lse.view.to(Device::cpu())};
+    };
+    const AttentionResult hopper = run(true), mma = run(false);
+    // The two kernels tile differently (64- vs 128-row blocks, other splits), so P is rounded to 16 bits
+    // against other running maxima: they agree to the storage type's tolerance, not bit for bit.
+    MICROLLM_EXPECT_CLOSE(hopper.out, mma.out, testing::tolerance(dtype()));
+    MICROLLM_EXPECT_CLOSE(hopper.lse, mma.lse, 1e-5);
+    if (c.cpu_reference) {
+      const AttentionResult ref = attention(q_cpu, k_cpu, v_cpu, c.params);
+      MICROLLM_EXPECT_CLOSE(hopper.out, ref.out, testing::tolerance(dtype()));
+      MICROLLM_EXPECT_CLOSE(hopper.lse, ref.lse, 1e-5);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, FlashForwardCudaTest, ::testing::Values(DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                           return std::string("cuda_") + dtype_name(param.param);
+                         });
+
+}  // namespace
+}  // namespace microllm
+
+#endif  // MICROLLM_WITH_CUDA
