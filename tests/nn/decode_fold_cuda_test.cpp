@@ -36,8 +36,7 @@ TransformerConfig small_config(bool qwen3) {
 // The logits of a 5-token prefill then `steps` one-token decode steps, [batch, vocab] per decode step.
 std::vector<Tensor> decode_logits(const TransformerLM& model, const Tensor& prompt, const std::vector<Tensor>& next,
                                   bool gemv) {
-  const bool was = decode_gemv();
-  set_decode_gemv(gemv);
+  const testing::ScopedSwitch setting(decode_gemv, set_decode_gemv, gemv);
   autograd::NoGradGuard no_grad;
   KvCache cache(model.config(), prompt.size(0), 16, DType::bf16, kGpu);
   ForwardContext ctx;
@@ -46,7 +45,6 @@ std::vector<Tensor> decode_logits(const TransformerLM& model, const Tensor& prom
   model.forward(prompt, ctx);
   std::vector<Tensor> logits;
   for (const Tensor& ids : next) logits.push_back(model.forward(ids, ctx).value().select(1, 0).to(Device::cpu()));
-  set_decode_gemv(was);
   return logits;
 }
 

@@ -252,10 +252,7 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
 
 TEST_P(CudaParityTest, FlashBackwardIsBitwiseRepeatableAndAgreesWithTheAtomicMode) {
   if (dtype() == DType::f32) GTEST_SKIP() << "the flash kernels take bf16/f16";
-  struct RestoreDeterminism {
-    bool was = deterministic_algorithms();
-    ~RestoreDeterminism() { set_deterministic_algorithms(was); }
-  } restore;
+  const testing::ScopedSwitch restore(deterministic_algorithms, set_deterministic_algorithms, true);
   AttentionParams chunked;  // causal with a query offset: the dQ part sums must stop at each row's last block
   chunked.q_offset = 100;
   for (const AttentionParams& p : {AttentionParams{}, chunked}) {

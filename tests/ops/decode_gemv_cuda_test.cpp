@@ -26,13 +26,9 @@ using testing::random_tensor;
 const Device kGpu = Device::cuda(0);
 constexpr int64_t kGuard = 64;  // poisoned elements after the output: a write past [m, n] shows there
 
-// Puts decode_gemv() back after a test that sets it.
-struct GemvSetting {
-  bool was = decode_gemv();
-  explicit GemvSetting(bool enabled) { set_decode_gemv(enabled); }
-  ~GemvSetting() { set_decode_gemv(was); }
-  GemvSetting(const GemvSetting&) = delete;
-  GemvSetting& operator=(const GemvSetting&) = delete;
+// decode_gemv() set for a scope.
+struct GemvSetting : testing::ScopedSwitch {
+  explicit GemvSetting(bool enabled) : ScopedSwitch(decode_gemv, set_decode_gemv, enabled) {}
 };
 
 // A NaN-filled buffer of m * n + kGuard elements; out is its first m * n as a contiguous [m, n].

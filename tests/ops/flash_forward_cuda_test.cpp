@@ -26,12 +26,9 @@ using testing::random_tensor;
 const Device kGpu = Device::cuda(0);
 constexpr int64_t kGuard = 64;  // poisoned elements after each output
 
-struct WgmmaSetting {
-  bool was = flash_wgmma();
-  explicit WgmmaSetting(bool enabled) { set_flash_wgmma(enabled); }
-  ~WgmmaSetting() { set_flash_wgmma(was); }
-  WgmmaSetting(const WgmmaSetting&) = delete;
-  WgmmaSetting& operator=(const WgmmaSetting&) = delete;
+// flash_wgmma() set for a scope.
+struct WgmmaSetting : testing::ScopedSwitch {
+  explicit WgmmaSetting(bool enabled) : ScopedSwitch(flash_wgmma, set_flash_wgmma, enabled) {}
 };
 
 // A NaN-filled buffer with `shape`'s elements and a guard band; `view` is the output.

@@ -67,6 +67,20 @@ std::string message_of(const std::function<void()>& call) {
 }
 inline std::string error_message(const std::function<void()>& call) { return message_of<Error>(call); }
 
+// Sets a process-wide switch (set_decode_gemv, set_flash_wgmma, set_deterministic_algorithms, ...) for one scope
+// and puts its old value back, also when the test fails or throws.
+class ScopedSwitch {
+ public:
+  ScopedSwitch(bool (*get)(), void (*set)(bool), bool value) : set_(set), was_(get()) { set(value); }
+  ~ScopedSwitch() { set_(was_); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+
+ private:
+  void (*set_)(bool);
+  bool was_;
+};
+
 // f64 host values of a tensor, and an index helper for row-major loops in reference code.
 std::vector<double> host_values(const Tensor& t);
 

@@ -237,22 +237,14 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
   }
 
   if (partial) {  // this split's rows for flash_combine_kernel: unnormalized sums and (max, sum)
-    const int64_t bh = blockIdx.x;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float l = quad_sum(row_sum[mt][hf]);
         const int row = q0 + warp_row0 + mt * 16 + g + hf * 8;
-        if (row >= a.q_len) continue;
-        const int64_t slot = (bh * a.split_rows + (row - a.split_row0)) * a.n_split + blockIdx.z;
-        if (t4 == 0) {
-          a.part_ml[slot] = make_float2(l > 0.f ? row_max[mt][hf] * 0.69314718055994531f : -INFINITY, l);
-        }
-        float* o_row = a.part_o + slot * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; ++dn) {
-          *reinterpret_cast<float2*>(o_row + dn * 8 + 2 * t4) = make_float2(o[mt][dn][2 * hf], o[mt][dn][2 * hf + 1]);
+        if (row < a.q_len) {
+          write_split_partial<D>(a, row, row_max[mt][hf], l, t4, [&](int j, int e) { return o[mt][j][2 * hf + e]; });
         }
       }
     return;
@@ -274,9 +266,7 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
             pack2<T>(o[mt][dn][2 * hf] * inv, o[mt][dn][2 * hf + 1] * inv);
       }
       const int row = q0 + row_local;
-      if (t4 == 0 && row < a.q_len) {
-        lse[row] = l > 0.f ? (row_max[mt][hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
-      }
+      if (t4 == 0 && row < a.q_len) lse[row] = row_lse(row_max[mt][hf], l);
     }
   __syncwarp();
 #pragma unroll

@@ -25,7 +25,7 @@ struct FwdArgs {
   int q_heads, group, q_len, kv_len, q_offset;
   bool causal;
   float scale_log2;  // scale * log2(e)
-  // Split keys (the header comment); chunk_tiles 0: one CTA per query block, no partials.
+  // Split keys (attention_flash_fwd.cu's header comment); chunk_tiles 0: one CTA per query block, no partials.
   int chunk_tiles;     // key tiles per split
   int n_split;         // splits of the longest block: the partials' stride
   int split_row0;      // first row of the first block that splits (later blocks split too: kv_end grows)
@@ -46,6 +46,27 @@ MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += MICROLLM_SHFL_XOR(v, 1);
   return v + MICROLLM_SHFL_XOR(v, 2);
+}
+
+constexpr float kLn2 = 0.69314718055994531f;
+
+// Writes query row `row`'s partial of this split (CTA blockIdx.z) for flash_combine_kernel: (max in natural-log
+// units, sum) from the row's first lane, and this lane's O columns 8 j + 2 t4 and + 1 (j < D / 8), which o(j, e)
+// gives. m_log2 is the row's running max in log2 units, l its sum over the four lanes.
+template <int D, typename Columns>
+__device__ __forceinline__ void write_split_partial(const FwdArgs& a, int row, float m_log2, float l, int t4,
+                                                    Columns o) {
+  const int64_t slot =
+      (static_cast<int64_t>(blockIdx.x) * a.split_rows + (row - a.split_row0)) * a.n_split + blockIdx.z;
+  if (t4 == 0) a.part_ml[slot] = make_float2(l > 0.f ? m_log2 * kLn2 : -INFINITY, l);
+  float* o_row = a.part_o + slot * D;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) *reinterpret_cast<float2*>(o_row + j * 8 + 2 * t4) = make_float2(o(j, 0), o(j, 1));
+}
+
+// A row's log-sum-exp in natural-log units from its max (log2 units) and sum; -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m_log2, float l) {
+  return l > 0.f ? (m_log2 + log2f(l)) * kLn2 : -INFINITY;
 }
 
 // Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]):
@@ -85,7 +106,7 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
   if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
 
-// The split plan (the header comment): a chunk near one slot's share of the key tiles of all blocks, never
+// The split plan (attention_flash_fwd.cu's header comment): a chunk near one slot's share of the key tiles of all blocks, never
 // under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the longest
 // block is well over that share.
 constexpr int kMinChunkKeys = 256;
@@ -110,7 +131,6 @@ inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t 
   a.split_row0 = first * rows;
   a.split_rows = a.q_len - a.split_row0;
 }
-
 
 // Launches `kernel` (a CTA per batch x query head x block of ROWS query rows, grid.z the splits) under the
 // split plan for `ctas_per_sm` resident CTAs an SM, then merges the rows of the blocks that split.

@@ -255,18 +255,12 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   wgmma_fence_operands(o);
 
   if (partial) {  // this split's rows for flash_combine_kernel: unnormalized sums and (max, sum)
-    const int64_t bh = blockIdx.x;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const float l = quad_sum(row_sum[hf]);
       const int row = q0 + warp_row0 + g + hf * 8;
-      if (row >= a.q_len) continue;
-      const int64_t slot = (bh * a.split_rows + (row - a.split_row0)) * a.n_split + blockIdx.z;
-      if (t4 == 0) a.part_ml[slot] = make_float2(l > 0.f ? row_max[hf] * 0.69314718055994531f : -INFINITY, l);
-      float* o_row = a.part_o + slot * D;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<float2*>(o_row + j * 8 + 2 * t4) = make_float2(o[4 * j + 2 * hf], o[4 * j + 2 * hf + 1]);
+      if (row < a.q_len) {
+        write_split_partial<D>(a, row, row_max[hf], l, t4, [&](int j, int e) { return o[4 * j + 2 * hf + e]; });
       }
     }
     return;
@@ -286,7 +280,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
           pack2<T>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
     }
     const int row = q0 + row_local;
-    if (t4 == 0 && row < a.q_len) lse[row] = l > 0.f ? (row_max[hf] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    if (t4 == 0 && row < a.q_len) lse[row] = row_lse(row_max[hf], l);
   }
   __syncwarp();
 #pragma unroll
