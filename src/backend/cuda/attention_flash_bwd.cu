@@ -67,21 +67,6 @@ struct BwdArgs {
   float scale, scale_log2;
 };
 
-// ROWS x D tile of `src` rows row0.. into smem (swizzled); rows >= limit zero-filled.
-template <int ROWS, int D, typename T>
-__device__ __forceinline__ void load_rows(T* smem, const T* src, int64_t stride, int row0, int limit) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
-  static_assert(kTotal % kThreadsBwd == 0, "whole chunks per thread");
-#pragma unroll
-  for (int n = 0; n < kTotal / kThreadsBwd; ++n) {
-    const int c = n * kThreadsBwd + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = row0 + r < limit;
-    const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
-    cp_async_16(smem_u32(smem + swizzle(r, ch, kChunks) * 8), from, valid);
-  }
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const BwdArgs a) {
   constexpr int CH = D / 8;       // chunks per row of K, V, Q, dO
@@ -143,18 +128,20 @@ __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const Bw
   const uint32_t ds_off = swizzle(wm * 16 + a_lane_row(lane), a_lane_chunk(lane), kPChunks) * 16;  // dS (A)
 
   if (n_iters > 0) {
-    load_rows<kBC, D>(sK, kg, a.k_stride[2], k0, a.kv_len);
-    load_rows<kBC, D>(sV, vg, a.v_stride[2], k0, a.kv_len);
-    load_rows<kBR, D>(sQ, q_rows(0), a.q_stride[2], q_first(0), a.q_len);
-    load_rows<kBR, D>(sdO, do_rows(0), a.do_stride[2], q_first(0), a.q_len);
+    copy_rows_swizzled<kBC, D, kThreadsBwd>(sK, kg, a.k_stride[2], k0, a.kv_len);
+    copy_rows_swizzled<kBC, D, kThreadsBwd>(sV, vg, a.v_stride[2], k0, a.kv_len);
+    copy_rows_swizzled<kBR, D, kThreadsBwd>(sQ, q_rows(0), a.q_stride[2], q_first(0), a.q_len);
+    copy_rows_swizzled<kBR, D, kThreadsBwd>(sdO, do_rows(0), a.do_stride[2], q_first(0), a.q_len);
     cp_async_commit();
   }
 
   for (int it = 0; it < n_iters; ++it) {
     if (it + 1 < n_iters) {  // prefetch the next (head, query block) into the other stage
       const int stage = (it + 1) & 1;
-      load_rows<kBR, D>(sQ + stage * kBR * D, q_rows(it + 1), a.q_stride[2], q_first(it + 1), a.q_len);
-      load_rows<kBR, D>(sdO + stage * kBR * D, do_rows(it + 1), a.do_stride[2], q_first(it + 1), a.q_len);
+      copy_rows_swizzled<kBR, D, kThreadsBwd>(sQ + stage * kBR * D, q_rows(it + 1), a.q_stride[2], q_first(it + 1),
+                                              a.q_len);
+      copy_rows_swizzled<kBR, D, kThreadsBwd>(sdO + stage * kBR * D, do_rows(it + 1), a.do_stride[2], q_first(it + 1),
+                                              a.q_len);
     }
     cp_async_commit();
     cp_async_wait<1>();

@@ -61,22 +61,6 @@ struct FwdTile {
   static_assert(D % 64 == 0 && BC % 16 == 0, "rows of >= 8 chunks for the swizzle; n tiles in pairs");
 };
 
-// ROWS x D tile: rows row0.. of `src` (row stride `stride`) -> smem; rows >= limit are zero-filled, so
-// padding never feeds NaN garbage into the mma (0 * NaN would poison P V).
-template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_tile(T* smem, const T* src, int64_t stride, int row0, int limit) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
-  static_assert(kTotal % THREADS == 0, "whole chunks per thread");
-#pragma unroll
-  for (int n = 0; n < kTotal / THREADS; ++n) {
-    const int c = n * THREADS + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = row0 + r < limit;
-    const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
-    cp_async_16(smem_u32(smem + swizzle(r, ch, kChunks) * 8), from, valid);
-  }
-}
-
 template <typename T, int D, int BC, int NW, int MT>
 __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(const FwdArgs a) {
   using Tile = FwdTile<D, BC, NW, MT>;
@@ -96,12 +80,10 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
   const T* kg = static_cast<const T*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
 
-  // Key tiles of this CTA: the block's all, or split blockIdx.z's chunk of them (the header comment).
-  const int n_tiles = (block_kv_end(a, q0, BR) + BC - 1) / BC;
-  const bool partial = a.chunk_tiles > 0 && n_tiles > a.chunk_tiles;
-  const int tile_end = partial ? n_tiles - static_cast<int>(blockIdx.z) * a.chunk_tiles : n_tiles;
-  if (tile_end <= 0 || (!partial && blockIdx.z > 0)) return;  // a split past this block's keys
-  const int tile_begin = partial ? max(0, tile_end - a.chunk_tiles) : 0;
+  const CtaTiles tiles = cta_tiles<BC>(a, q0, BR);
+  if (tiles.begin >= tiles.end) return;
+  const int tile_begin = tiles.begin, tile_end = tiles.end;
+  const bool partial = tiles.partial;
 
   // Per-lane byte offsets of the three ldmatrix patterns at block (0, 0); see block_offset().
   constexpr int kRowBytes = D * 2;
@@ -110,9 +92,9 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
   const uint32_t k_lane = swizzle(nk_lane_row(lane), nk_lane_chunk(lane), CH) * 16;
   const uint32_t v_lane = swizzle(kn_lane_row(lane), kn_lane_chunk(lane), CH) * 16;
 
-  load_tile<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
-  load_tile<BC, D, THREADS>(sK, kg, a.k_stride[2], tile_begin * BC, a.kv_len);
-  load_tile<BC, D, THREADS>(sV, vg, a.v_stride[2], tile_begin * BC, a.kv_len);
+  copy_rows_swizzled<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
+  copy_rows_swizzled<BC, D, THREADS>(sK, kg, a.k_stride[2], tile_begin * BC, a.kv_len);
+  copy_rows_swizzled<BC, D, THREADS>(sV, vg, a.v_stride[2], tile_begin * BC, a.kv_len);
   cp_async_commit();
 
   float o[MT][D / 8][4];                    // O accumulators, C layout: [m tile][d tile of 8][c0..c3]
@@ -130,8 +112,8 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
     // Prefetch tile jt + 1 into the other stage (freed by the barrier that ended iteration jt - 1).
     if (jt + 1 < tile_end) {
       const int stage = stage_now ^ 1;
-      load_tile<BC, D, THREADS>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
-      load_tile<BC, D, THREADS>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
+      copy_rows_swizzled<BC, D, THREADS>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
+      copy_rows_swizzled<BC, D, THREADS>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile jt
     cp_async_wait<1>();

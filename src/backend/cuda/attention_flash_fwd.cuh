@@ -19,19 +19,19 @@ struct FwdArgs {
   const void* q;
   const void* k;
   const void* v;
-  void* out;   // [B, Hq, T, D] contiguous
-  float* lse;  // [B, Hq, T] contiguous
+  void* out;                                      // [B, Hq, T, D] contiguous
+  float* lse;                                     // [B, Hq, T] contiguous
   int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, position (elements); dim stride is 1
   int q_heads, group, q_len, kv_len, q_offset;
   bool causal;
   float scale_log2;  // scale * log2(e)
   // Split keys (attention_flash_fwd.cu's header comment); chunk_tiles 0: one CTA per query block, no partials.
-  int chunk_tiles;     // key tiles per split
-  int n_split;         // splits of the longest block: the partials' stride
-  int split_row0;      // first row of the first block that splits (later blocks split too: kv_end grows)
-  int split_rows;      // q_len - split_row0
-  float* part_o;       // [B * Hq][split_rows][n_split][D], sum_j p_j v_j with p = 2^(s_j - m)
-  float2* part_ml;     // [B * Hq][split_rows][n_split]: (m in natural-log units, sum_j p_j)
+  int chunk_tiles;  // key tiles per split
+  int n_split;      // splits of the longest block: the partials' stride
+  int split_row0;   // first row of the first block that splits (later blocks split too: kv_end grows)
+  int split_rows;   // q_len - split_row0
+  float* part_o;    // [B * Hq][split_rows][n_split][D], sum_j p_j v_j with p = 2^(s_j - m)
+  float2* part_ml;  // [B * Hq][split_rows][n_split]: (m in natural-log units, sum_j p_j)
 };
 
 // Keys that query block [q0, q0 + rows) reads: up to its last row's diagonal when causal (>= 1: key 0 is
@@ -40,6 +40,22 @@ MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
   const int q_last = (q0 + rows < a.q_len ? q0 + rows : a.q_len) - 1;
   const int causal_end = a.q_offset + q_last + 1;
   return a.causal && causal_end < a.kv_len ? causal_end : a.kv_len;
+}
+
+// The key tiles [begin, end) of width BC that this CTA reads: query block [q0, q0 + rows) reads all its tiles, or,
+// when its keys split, split blockIdx.z's chunk of them (attention_flash_fwd.cu's header comment), which then
+// writes a partial. begin >= end: nothing to do (a split past this block's keys).
+struct CtaTiles {
+  int begin, end;
+  bool partial;
+};
+template <int BC>
+__device__ __forceinline__ CtaTiles cta_tiles(const FwdArgs& a, int q0, int rows) {
+  const int n_tiles = (block_kv_end(a, q0, rows) + BC - 1) / BC;
+  const bool partial = a.chunk_tiles > 0 && n_tiles > a.chunk_tiles;
+  const int end = partial ? n_tiles - static_cast<int>(blockIdx.z) * a.chunk_tiles : n_tiles;
+  if (end <= 0 || (!partial && blockIdx.z > 0)) return {0, 0, false};
+  return {partial ? max(0, end - a.chunk_tiles) : 0, end, partial};
 }
 
 // A row's total over the four lanes (threadID_in_group) that hold its columns of a C fragment.
@@ -106,9 +122,9 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
   if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
 
-// The split plan (attention_flash_fwd.cu's header comment): a chunk near one slot's share of the key tiles of all blocks, never
-// under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the longest
-// block is well over that share.
+// The split plan (attention_flash_fwd.cu's header comment): a chunk near one slot's share of the key tiles of all
+// blocks, never under kMinChunkKeys keys (each split adds a partial row to write and merge); no split unless the
+// longest block is well over that share.
 constexpr int kMinChunkKeys = 256;
 
 inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t slots) {

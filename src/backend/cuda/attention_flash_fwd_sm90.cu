@@ -39,10 +39,10 @@ using namespace attn;
 template <int D, int BC, int NWG>
 struct Sm90Tile {
   static constexpr int kThreads = NWG * 128;
-  static constexpr int kRows = NWG * 64;             // BR
-  static constexpr int kQBytes = kRows * D * 2;      // D / 64 panels of kRows rows
-  static constexpr int kKvBytes = BC * D * 2;        // one K or V stage: D / 64 panels of BC rows
-  static constexpr int kStages = 3;                  // tiles j - 1 (P V), j (Q K^T), j + 1 (loading)
+  static constexpr int kRows = NWG * 64;         // BR
+  static constexpr int kQBytes = kRows * D * 2;  // D / 64 panels of kRows rows
+  static constexpr int kKvBytes = BC * D * 2;    // one K or V stage: D / 64 panels of BC rows
+  static constexpr int kStages = 3;              // tiles j - 1 (P V), j (Q K^T), j + 1 (loading)
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + room to align to 1024
   static_assert(D % 64 == 0 && (BC == 64 || BC == 128), "whole panels; S is m64n64 or m64n128");
 };
@@ -55,20 +55,11 @@ __device__ __forceinline__ uint32_t panel_offset(int r, int ch, int rows) {
   return static_cast<uint32_t>((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
-// ROWS x D tile: rows row0.. of `src` (row stride `stride`) -> panels at `dst`; rows >= limit are zero-filled
-// (0 * NaN from stale shared memory would poison P V).
+// ROWS x D tile -> wgmma's panels at `dst` (copy_rows_async: zero-filled past limit).
 template <int ROWS, int D, int THREADS, typename T>
 __device__ __forceinline__ void load_panels(uint32_t dst, const T* src, int64_t stride, int row0, int limit) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
-  static_assert(kTotal % THREADS == 0, "whole chunks per thread");
-#pragma unroll
-  for (int n = 0; n < kTotal / THREADS; ++n) {
-    const int c = n * THREADS + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = row0 + r < limit;
-    const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
-    cp_async_16(dst + panel_offset(r, ch, ROWS), from, valid);
-  }
+  copy_rows_async<ROWS, D, THREADS>(dst, src, stride, row0, limit,
+                                    [](int r, int ch) { return panel_offset(r, ch, ROWS); });
 }
 
 // Masks keys past the end or the diagonal (on tiles that need it) with -inf. s[4 j + e] is row g + 8 (e / 2), key
@@ -183,26 +174,24 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   constexpr int BR = Tile::kRows, THREADS = Tile::kThreads, CH = D / 8, STAGES = Tile::kStages;
   extern __shared__ unsigned char flash_sm90_smem[];
   const uint32_t smem0 = smem_u32(flash_sm90_smem);
-  const uint32_t sQ = (smem0 + 1023u) & ~1023u;  // 1024-aligned: the swizzle pattern's period
-  const uint32_t sKV = sQ + Tile::kQBytes;        // STAGES x (K tile, V tile)
+  const uint32_t sQ = (smem0 + 1023u) & ~1023u;                  // 1024-aligned: the swizzle pattern's period
+  const uint32_t sKV = sQ + Tile::kQBytes;                       // STAGES x (K tile, V tile)
   unsigned char* const q_tile = flash_sm90_smem + (sQ - smem0);  // sQ as a generic pointer (epilogue)
 
   const int lane = threadIdx.x % 32, wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4;
   const int g = lane / 4, t4 = lane % 4;  // PTX groupID, threadID_in_group
   const int b = blockIdx.x / a.q_heads, h = blockIdx.x % a.q_heads, hk = h / a.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // the longest (causal) blocks are scheduled first
-  const int warp_row0 = wg * 64 + warp * 16;        // this warp's first row in the block
+  const int warp_row0 = wg * 64 + warp * 16;         // this warp's first row in the block
 
   const T* qg = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1];
   const T* kg = static_cast<const T*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
   const T* vg = static_cast<const T*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
 
-  // Key tiles of this CTA: the block's all, or split blockIdx.z's chunk of them (attention_flash_fwd.cu).
-  const int n_tiles = (block_kv_end(a, q0, BR) + BC - 1) / BC;
-  const bool partial = a.chunk_tiles > 0 && n_tiles > a.chunk_tiles;
-  const int tile_end = partial ? n_tiles - static_cast<int>(blockIdx.z) * a.chunk_tiles : n_tiles;
-  if (tile_end <= 0 || (!partial && blockIdx.z > 0)) return;  // a split past this block's keys
-  const int tile_begin = partial ? max(0, tile_end - a.chunk_tiles) : 0;
+  const CtaTiles tiles = cta_tiles<BC>(a, q0, BR);
+  if (tiles.begin >= tiles.end) return;
+  const int tile_begin = tiles.begin, tile_end = tiles.end;
+  const bool partial = tiles.partial;
 
   // Tile jt's K and V live in stage (jt - tile_begin) % STAGES.
   auto k_stage = [&](int jt) { return sKV + static_cast<uint32_t>((jt - tile_begin) % STAGES) * 2 * Tile::kKvBytes; };
@@ -220,7 +209,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows g, g + 8; max in log2 units
   float corr[2];
   const uint32_t q_rows = sQ + static_cast<uint32_t>(wg * 64 * 128);  // this warpgroup's rows in panel 0
-  uint32_t p[BC / 16][4];  // P of the tile before the one in S
+  uint32_t p[BC / 16][4];                                             // P of the tile before the one in S
 
   // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the tensor cores compute tile jt's
   // S and tile jt - 1's P V, the warpgroup runs tile jt's softmax. Tile jt + 1 loads meanwhile.
@@ -320,11 +309,15 @@ bool sm90_available(int device) {
 void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_t stream, int device) {
   // Tiles: the header comment (D 64: 64-key tiles, two CTAs an SM; D 128: 128-key tiles, one CTA an SM).
   if (head_dim == 64) {
-    if (bf16) launch<__nv_bfloat16, 64, 64, 2, 2>(a, batch, stream, device);
-    else launch<__half, 64, 64, 2, 2>(a, batch, stream, device);
+    if (bf16)
+      launch<__nv_bfloat16, 64, 64, 2, 2>(a, batch, stream, device);
+    else
+      launch<__half, 64, 64, 2, 2>(a, batch, stream, device);
   } else {
-    if (bf16) launch<__nv_bfloat16, 128, 128, 2, 1>(a, batch, stream, device);
-    else launch<__half, 128, 128, 2, 1>(a, batch, stream, device);
+    if (bf16)
+      launch<__nv_bfloat16, 128, 128, 2, 1>(a, batch, stream, device);
+    else
+      launch<__half, 128, 128, 2, 1>(a, batch, stream, device);
   }
 }
 

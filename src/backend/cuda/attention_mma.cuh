@@ -76,6 +76,31 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ROWS x D tile: rows row0.. of `src` (row stride `stride`) -> shared memory, 16-byte chunk ch of tile row r at
+// byte dst + offset(r, ch) (the kernel's swizzled layout), one cp.async a chunk by THREADS threads; rows >= limit
+// are zero-filled, so padding never feeds NaN garbage into the MMA (0 * NaN would poison P V).
+template <int ROWS, int D, int THREADS, typename T, typename Offset>
+__device__ __forceinline__ void copy_rows_async(uint32_t dst, const T* src, int64_t stride, int row0, int limit,
+                                                Offset offset) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
+  static_assert(kTotal % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int n = 0; n < kTotal / THREADS; ++n) {
+    const int c = n * THREADS + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, ch = c % kChunks;
+    const bool valid = row0 + r < limit;
+    const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
+    cp_async_16(dst + offset(r, ch), from, valid);
+  }
+}
+// The row-major swizzled layout above: chunk ch of row r at byte swizzle(r, ch, D / 8) * 16.
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void copy_rows_swizzled(T* smem, const T* src, int64_t stride, int row0, int limit) {
+  copy_rows_async<ROWS, D, THREADS>(smem_u32(smem), src, stride, row0, limit, [](int r, int ch) {
+    return static_cast<uint32_t>(swizzle(r, ch, D / 8)) * 16u;
+  });
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
