@@ -154,7 +154,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
   for (int kc = 0; kc < BC / 16; ++kc) wgmma_rs<T, D>(o, p[kc], wgmma_desc(v_tile + kc * 16 * 128, BC * 128, 1024), 1);
 }
 
-template <int BC, int D>
+// O's rows g and g + 8 scaled to the new running max (softmax_tile's corr).
+template <int D>
 __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&corr)[2]) {
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
     softmax_tile<BC>(s, a.scale_log2, row_max, row_sum, corr);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    rescale<BC, D>(o, corr);
+    rescale<D>(o, corr);
     pack_p<T, BC>(s, p);
   }
   wgmma_fence();
