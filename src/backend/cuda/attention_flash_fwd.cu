@@ -284,8 +284,6 @@ bool flash_supported(const Problem& p, DType dtype, bool has_mask) {
          p.batch * p.q_heads < (int64_t{1} << 31);
 }
 
-bool flash_forward_uses_wgmma(int device) { return flash_fwd::sm90_available(device); }
-
 void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out,
                    const Tensor& lse, cudaStream_t stream, int device) {
   const Tensor q = vector_ready(q_in), k = vector_ready(k_in), v = vector_ready(v_in);
@@ -306,7 +304,7 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.causal = p.causal;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const bool bf16 = q.dtype() == DType::bf16;
-  if (a.scale_log2 > 0 && flash_fwd::sm90_available(device)) {  // it folds the scale into the max
+  if (a.scale_log2 > 0 && flash_forward_uses_wgmma(device)) {  // it folds the scale into the max
     flash_fwd::launch_sm90(a, p.batch, static_cast<int>(p.head_dim), bf16, stream, device);
     return;
   }

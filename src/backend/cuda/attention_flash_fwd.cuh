@@ -175,9 +175,8 @@ void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas
   }
 }
 
-// The Hopper kernel (attention_flash_fwd_sm90.cu): whether it runs on `device` (an sm_90 GPU, this build has
-// sm_90a machine code, and set_flash_wgmma has not turned it off), and its launch (D 64 or 128).
-bool sm90_available(int device);
+// The Hopper kernel's launch (attention_flash_fwd_sm90.cu; D 64 or 128), where flash_forward_uses_wgmma says it
+// runs.
 void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_t stream, int device);
 
 }  // namespace microllm::cuda_kernels::attention::flash_fwd

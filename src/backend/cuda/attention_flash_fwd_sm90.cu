@@ -28,10 +28,12 @@
 // The scale rides in the exponent's FMA, so this kernel needs scale > 0 (flash_forward checks; the mma.sync
 // kernel takes any scale).
 #include "attention_flash_fwd.cuh"
+#include "attention_kernels.h"
 #include "attention_wgmma.cuh"
 #include "microllm/backend/backend.h"
 
-namespace microllm::cuda_kernels::attention::flash_fwd {
+namespace microllm::cuda_kernels::attention {
+namespace flash_fwd {
 namespace {
 
 using namespace attn;
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
     }
   }
 #else
-  __trap();  // built without sm_90a machine code: sm90_available() never launches it
+  __trap();  // built without sm_90a machine code: flash_forward_uses_wgmma() keeps it from launching
 #endif
 }
 
@@ -297,15 +299,6 @@ void launch(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
 }
 
 }  // namespace
-
-bool sm90_available(int device) {
-#if defined(MICROLLM_CUDA_SM90A)
-  return flash_wgmma() && compute_capability(device) == 90;
-#else
-  (void)device;
-  return false;
-#endif
-}
 
 void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_t stream, int device) {
   // Tiles: the header comment (D 64: 64-key tiles, two CTAs an SM; D 128: 128-key tiles, one CTA an SM).
@@ -322,4 +315,15 @@ void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_
   }
 }
 
-}  // namespace microllm::cuda_kernels::attention::flash_fwd
+}  // namespace flash_fwd
+
+bool flash_forward_uses_wgmma(int device) {
+#if defined(MICROLLM_CUDA_SM90A)
+  return flash_wgmma() && compute_capability(device) == 90;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+}  // namespace microllm::cuda_kernels::attention

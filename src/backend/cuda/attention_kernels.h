@@ -36,7 +36,8 @@ bool flash_supported(const Problem& p, DType dtype, bool has_mask);
 void flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, cudaStream_t stream, int device);
 // Whether flash_forward on `device` runs the Hopper kernel (wgmma, attention_flash_fwd_sm90.cu) rather than the
-// portable mma.sync one: an sm_90 GPU, a build with sm_90a machine code, and set_flash_wgmma on.
+// portable mma.sync one: an sm_90 GPU, a build with sm_90a machine code, and set_flash_wgmma on (and, per call,
+// a positive scale: flash_forward checks that).
 bool flash_forward_uses_wgmma(int device);
 void flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
