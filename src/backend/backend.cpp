@@ -77,6 +77,16 @@ void Backend::paged_decode_attention(const Tensor& q, const Tensor& k, const Ten
   paged_attention(q_rot.select(1, 0), k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out);
 }
 
+void Backend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                  const RopeParams& rope_params, const Tensor& k_pool, const Tensor& v_pool,
+                                  const Tensor& slots, const Tensor& q_out, const Tensor& k_out) {
+  rope(q, positions, rope_params, /*inverse=*/false, q_out);
+  rope(k, positions, rope_params, /*inverse=*/false, k_out);
+  const int64_t rows = k.size(0) * k.size(1);
+  paged_kv_write(k_pool, v_pool, k_out.reshape({rows, k.size(2), k.size(3)}), v.reshape({rows, v.size(2), v.size(3)}),
+                 slots);
+}
+
 Backend& cpu_backend() {
   static CpuBackend backend;
   return backend;

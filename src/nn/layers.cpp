@@ -164,6 +164,7 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
   if (ctx.paged && ctx.paged->chunk_start < 0) {  // decode: rotary, cache write and attention in one op
     return o_proj_->forward(Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
   }
+  if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), ctx)), ctx);
   if (qkv.defined() && !q_norm_) {  // q and k heads are adjacent in the fused output: one rotary call turns both
     const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
                            config_.rope);
@@ -173,7 +174,6 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
     q = ag::rope(q, ctx.positions, config_.rope);
     k = ag::rope(k, ctx.positions, config_.rope);
   }
-  if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
   AttentionParams params;
   Variable keys = ag::transpose(k, 1, 2), values = ag::transpose(v, 1, 2);  // [B, Hkv, S, D]
   if (ctx.cache) {
@@ -202,16 +202,17 @@ Tensor Attention::paged_decode(const Tensor& q, const Tensor& k, const Tensor& v
   return out.reshape({batch, 1, config_.num_heads * d});
 }
 
-// q [1, T, Hq, D], k and v [1, T, Hkv, D] of a prefill chunk (rotated) -> [1, T, Hq * D]; k/v written to the cache.
-Tensor Attention::paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
+// q [1, T, Hq, D], k and v [1, T, Hkv, D] of a prefill chunk before the rotary embedding -> [1, T, Hq * D]; the
+// rotary embedding and the cache write of k and v in one op, then attention over the chunk's keys and earlier ones.
+Tensor Attention::paged_prefill(const Tensor& q_in, const Tensor& k_in, const Tensor& v, const ForwardContext& ctx) const {
   MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
-  const int64_t batch = q.size(0), tokens = q.size(1), d = config_.head_dim;
+  const PagedBatch& paged = *ctx.paged;
+  const int64_t batch = q_in.size(0), tokens = q_in.size(1), d = config_.head_dim;
   const Tensor& k_pool = paged.cache->keys(layer_index_);
   const Tensor& v_pool = paged.cache->values(layer_index_);
-  microllm::paged_kv_write(k_pool, v_pool, k.reshape({batch * tokens, config_.num_kv_heads, d}),
-                           v.reshape({batch * tokens, config_.num_kv_heads, d}), paged.slots);
-  // A prefill chunk of one sequence: flash attention over its earlier keys (from its blocks) and its own.
   MICROLLM_CHECK(batch == 1, ShapeError, "attention", "a paged prefill chunk is one sequence, got a batch of ", batch);
+  const auto [q, k] = paged_rope_kv_write(q_in, k_in, v, ctx.positions, config_.rope, k_pool, v_pool, paged.slots);
+  // Flash attention over the sequence's earlier keys (from its blocks) and the chunk's own.
   Tensor keys = k, values = v;  // [1, S, Hkv, D]
   if (paged.chunk_start > 0) {
     const Tensor row = paged.block_tables.select(0, paged.chunk_row);

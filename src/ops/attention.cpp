@@ -58,7 +58,9 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const Tensor& mask) {
   const Tensor full_mask = check_inputs("attention", q, k, v, params, mask);
   AttentionResult result;
-  result.out = Tensor::empty(q.shape(), q.dtype(), q.device());                           // [B, Hq, T, D]
+  // [B, Hq, T, D] as a view of token-major memory [B, T, Hq, D]: out.transpose(1, 2), the layout the output
+  // projection reads, is then contiguous and costs no copy.
+  result.out = Tensor::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.dtype(), q.device()).transpose(1, 2);
   result.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32, q.device());  // [B, Hq, T]
   backend_for(q.device()).attention(q, k, v, full_mask, params, result.out, result.lse);
   return result;

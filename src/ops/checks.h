@@ -46,4 +46,9 @@ inline void same_shape(const char* op, const Tensor& a, const char* a_name, cons
                  " shape ", a.shape());
 }
 
+// rope()'s input checks (src/ops/rope.cpp): x [B, T, H, D] floating with D even, positions [B, T] or [T] (i32/i64)
+// on x's device, valid rotary parameters; returns the positions expanded to [B, T].
+Tensor rope_positions(const char* op, const Tensor& x, const char* x_name, const Tensor& positions,
+                      const RopeParams& params);
+
 }  // namespace microllm::checks

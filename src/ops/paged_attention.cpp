@@ -150,6 +150,39 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                                                  positions, s, context, out);
 }
 
+std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& positions, const RopeParams& rope, const Tensor& k_pool,
+                                              const Tensor& v_pool, const Tensor& slots) {
+  const char* op = "paged_rope_kv_write";
+  check_pools(op, k_pool, v_pool);
+  const Tensor pos = checks::rope_positions(op, q, "q", positions, rope);
+  checks::rope_positions(op, k, "k", positions, rope);
+  const int64_t kv_heads = k_pool.size(2), dim = k_pool.size(3);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{q, "q"}, {k, "k"}, {v, "v"}}) {
+    checks::rank(op, t, name, 4);
+    checks::same_dtype(op, k_pool, "k_pool", t, name);
+    checks::same_device(op, k_pool, "k_pool", t, name);
+    MICROLLM_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(3) == dim, ShapeError, op, name,
+                   " shape ", t.shape(), " must be [B, T, H, D] with q's B and T (q ", q.shape(),
+                   ") and the D of k_pool ", k_pool.shape());
+  }
+  checks::same_shape(op, k, "k", v, "v");
+  MICROLLM_CHECK(k.size(2) == kv_heads, ShapeError, op, "k shape ", k.shape(), " must have the ", kv_heads,
+                 " kv heads of k_pool ", k_pool.shape());
+  MICROLLM_CHECK(q.size(2) > 0 && q.size(2) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ",
+                 q.size(2), " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ",
+                 k_pool.shape());
+  check_index(op, slots, "slots", 1, k_pool);
+  MICROLLM_CHECK(slots.size(0) == q.size(0) * q.size(1), ShapeError, op, "slots shape ", slots.shape(),
+                 " does not match the ", q.size(0) * q.size(1), " tokens of q ", q.shape());
+  Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
+  if (q.numel() > 0) {
+    backend_for(q.device()).paged_rope_kv_write(q, k, v, pos, rope, k_pool, v_pool, slots, q_out, k_out);
+  }
+  return {q_out, k_out};
+}
+
 Tensor paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length) {
   const char* op = "paged_gather";
   check_pool(op, pool, "pool");

@@ -29,9 +29,11 @@ void check_params(const char* op, const RopeParams& params) {
                  "llama3 original_max_position_embeddings must be > 0, got ", s.original_max_position_embeddings);
 }
 
+}  // namespace
+
 // x [B, T, H, D], D even; positions [B, T] or [T], returned expanded to [B, T].
-Tensor checked_positions(const char* op, const Tensor& x, const char* x_name, const Tensor& positions,
-                         const RopeParams& params) {
+Tensor checks::rope_positions(const char* op, const Tensor& x, const char* x_name, const Tensor& positions,
+                              const RopeParams& params) {
   checks::floating(op, x, x_name);
   MICROLLM_CHECK(x.dim() == 4, ShapeError, op, x_name, " must be [B, T, H, D], got shape ", x.shape());
   MICROLLM_CHECK(x.size(3) % 2 == 0, ShapeError, op, "head dim must be even, got ", x.size(3), " in ", x_name,
@@ -47,9 +49,11 @@ Tensor checked_positions(const char* op, const Tensor& x, const char* x_name, co
   return shared ? positions.unsqueeze(0).expand({batch, seq}) : positions;
 }
 
+namespace {
+
 Tensor rotate(const char* op, const char* x_name, const Tensor& x, const Tensor& positions, const RopeParams& params,
               bool inverse) {
-  const Tensor pos = checked_positions(op, x, x_name, positions, params);
+  const Tensor pos = checks::rope_positions(op, x, x_name, positions, params);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   backend_for(x.device()).rope(x, pos, params, inverse, out);
   return out;

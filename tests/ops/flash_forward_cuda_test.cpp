@@ -2,7 +2,9 @@
 // the kernel before it (mma.sync, attention_flash_fwd.cu: set_flash_wgmma(false)) and the CPU reference, on
 // fresh random inputs with NaN-poisoned outputs and a guard band after them: causal and not, a query offset
 // (a prefill chunk after cached keys), grouped heads, lengths that are not a multiple of any tile, blocks
-// whose keys split over several CTAs, and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128).
+// whose keys split over several CTAs, and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128);
+// each kernel writes both a contiguous output and a token-major view (what ops::attention hands it), bit for bit
+// the same.
 // Skips without a GPU, and where the Hopper kernel does not run (not an sm_90 GPU, or no sm_90a code).
 #include <gtest/gtest.h>
 
@@ -105,10 +107,18 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
       EXPECT_EQ(cuda_kernels::attention::flash_forward_uses_wgmma(0), wgmma);
       Poisoned out(out_shape, dtype()), lse(lse_shape, DType::f32);
       backend_for(kGpu).attention(q, k, v, Tensor(), c.params, out.view, lse.view);
+      // The same into a [B, H, T, D] view of [B, T, H, D] memory: only the rows' addresses differ.
+      Poisoned token_major({c.batch, c.t, c.q_heads, c.d}, dtype()), lse_again(lse_shape, DType::f32);
+      backend_for(kGpu).attention(q, k, v, Tensor(), c.params, token_major.view.transpose(1, 2), lse_again.view);
       cuda::synchronize(0);
       EXPECT_TRUE(out.guard_intact()) << "a write past the output";
       EXPECT_TRUE(lse.guard_intact()) << "a write past lse";
-      return AttentionResult{out.view.to(Device::cpu()), lse.view.to(Device::cpu())};
+      EXPECT_TRUE(token_major.guard_intact()) << "a write past the token-major output";
+      const AttentionResult result{out.view.to(Device::cpu()), lse.view.to(Device::cpu())};
+      EXPECT_EQ(testing::host_values(token_major.view.transpose(1, 2).to(Device::cpu())),
+                testing::host_values(result.out))
+          << "the token-major output differs from the contiguous one";
+      return result;
     };
     const AttentionResult hopper = run(true), mma = run(false);
     // The two kernels tile differently (64- vs 128-row blocks, other splits), so P is rounded to 16 bits

@@ -23,7 +23,8 @@
 #                    from DRAM) and decode_step rows
 #   persistent-mlp   benchmarks/persistent_mlp_bench: a decode layer's MLP half as one persistent kernel against the
 #                    chained GEMV kernels
-#   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config
+#   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config; then every kernel of pp2048
+#                    timed alone by Nsight Compute, grouped by tools/gpu/ncu_kernel_table.py (PREFILL_PROFILE_CONFIGS)
 #   host-profile     the host's time in microllm bench (HOST_PROFILE_ARGS, default 1,500 eager 128-token forwards of
 #                    Qwen2.5-0.5B, --path plain) under gperftools' CPU profiler (libprofiler staged from this machine's
 #                    libgoogle-perftools4), read by tools/gpu/host_profile.py
@@ -246,6 +247,19 @@ step_prefill_profile() {
   timeout 200 "$bin/microllm" bench --config tests/fixtures/configs/deepseek-r1-distill-qwen-1.5b.json --device cuda \
     --dtype bf16 -p 2048 -n 0 -b 1 --workload none -r 2 --op-times > "$RES/logs/prefill_op_times.log" 2>&1
   echo "== prefill --op-times: exit $?"; cat "$RES/logs/prefill_op_times.log"
+  # Nsight Compute: each kernel of the prefills timed alone (caches and clocks left as they are), grouped by
+  # kernel: event times above carry each op's launch, these do not.
+  local ncu_bin config
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || { echo "== no ncu on this machine"; return; }
+  for config in ${PREFILL_PROFILE_CONFIGS:-deepseek-r1-distill-qwen-1.5b qwen2.5-0.5b}; do
+    timeout 240 "$ncu_bin" --graph-profiling node --metrics gpu__time_duration.sum --clock-control none \
+      --cache-control none --csv --launch-count ${NCU_KERNELS:-2000} "$bin/microllm" bench \
+      --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -p 2048 -n 0 -b 1 --workload none -r 1 \
+      > "$RES/ncu_prefill_$config.csv" 2> "$RES/logs/ncu_prefill_$config.log"
+    echo "== ncu prefill $config: exit $?"
+    python3 tools/gpu/ncu_kernel_table.py "$RES/ncu_prefill_$config.csv" | tee "$RES/ncu_prefill_$config.md"
+  done
 }
 
 step_host_profile() {

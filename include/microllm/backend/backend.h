@@ -100,8 +100,9 @@ class Backend {
 
   // ---- attention (attention.*) ----
   // q [B, Hq, T, D], k and v [B, Hkv, S, D], Hq % Hkv == 0; mask (u8, may be undefined) is expanded to
-  // [B, Hq, T, S], nonzero = may attend. out [B, Hq, T, D]; lse [B, Hq, T] f32 (log-sum-exp of the
-  // scaled scores, -inf for a row that attends to nothing; such a row outputs 0).
+  // [B, Hq, T, S], nonzero = may attend. out [B, Hq, T, D], any strides with a unit one along D (ops passes a
+  // token-major view); lse [B, Hq, T] f32 contiguous (log-sum-exp of the scaled scores, -inf for a row that
+  // attends to nothing; such a row outputs 0).
   virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                          const AttentionParams& params, const Tensor& out, const Tensor& lse) = 0;
   // `out` and `lse` are the forward's; a kernel may recompute either instead (the CPU reference recomputes
@@ -132,6 +133,12 @@ class Backend {
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& out);
+  // paged_rope_kv_write (ops/paged_attention.h): q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]),
+  // then k_out and v written at slots [B * T]; positions [B, T]. The default is that composition of this
+  // backend's ops (the reference); CUDA fuses.
+  virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                   const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
+                                   const Tensor& slots, const Tensor& q_out, const Tensor& k_out);
   // out [length, Hkv, D] contiguous = the first `length` token rows of the blocks listed in
   // block_table_row [max_blocks] (length <= max_blocks * block_size).
   virtual void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length,

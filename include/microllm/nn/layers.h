@@ -129,10 +129,10 @@ class Attention : public Module {
  private:
   // forward() after the projections; qkv: their fused output when there is one (undefined in training).
   Variable attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx) const;
-  // The paged cache's two cases: a decode step (q, k, v before the rotary embedding; one fused op) and a
-  // prefill chunk (after it).
+  // The paged cache's two cases, both from q, k, v before the rotary embedding: a decode step (rotary, cache
+  // write and attention in one op) and a prefill chunk (rotary and cache write in one op, then attention).
   Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
-  Tensor paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
+  Tensor paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const ForwardContext& ctx) const;
 
   AttentionConfig config_;
   int layer_index_;

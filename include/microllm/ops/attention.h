@@ -12,7 +12,7 @@
 namespace microllm {
 
 struct AttentionResult {
-  Tensor out;  // [B, Hq, T, D], q's dtype
+  Tensor out;  // [B, Hq, T, D], q's dtype; a view of [B, T, Hq, D] memory, so out.transpose(1, 2) is contiguous
   Tensor lse;  // [B, Hq, T] f32, log-sum-exp of the scaled, masked scores (for the backward)
 };
 

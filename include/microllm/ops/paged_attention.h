@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "microllm/backend/kernel_params.h"
 #include "microllm/core/tensor.h"
@@ -56,6 +57,17 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                             const Tensor& out);
+
+// A prefill chunk's rotary embedding and cache write in one call: what rope(q), rope(k) and paged_kv_write do
+// in turn. q [B, T, Hq, D], k and v [B, T, Hkv, D] are the projections before the rotary embedding (any strides,
+// the pools' dtype, e.g. views of a fused QKV output), Hq % Hkv == 0; positions [B, T] or [T] (i32/i64) as for
+// rope(); slots i32 [B * T], token (b, t) at row b * T + t, negative for a row not to write. Returns the turned
+// q and k, [B, T, Hq, D] and [B, T, Hkv, D] contiguous: the chunk's attention reads them; the turned k and v go to
+// the pools. CUDA does it in one kernel for the split-half layout (the Hugging Face models') with 16-byte aligned
+// rows; otherwise, and on the CPU, it is the composition of the three ops.
+std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& positions, const RopeParams& rope, const Tensor& k_pool,
+                                              const Tensor& v_pool, const Tensor& slots);
 
 // A contiguous copy [length, Hkv, D] of the first `length` cached tokens of one sequence, whose blocks are
 // block_table_row i32 [max_blocks] (length <= max_blocks * block_size): a prefill chunk runs the ordinary

@@ -112,6 +112,12 @@ A log_sum_exp(const std::vector<A>& scores, A max) {
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                            const AttentionParams& params, const Tensor& out, const Tensor& lse) {
+  if (!out.is_contiguous()) {  // ops hands a token-major view: the loops below write [B, Hq, T, D] contiguous
+    const Tensor staged = Tensor::empty(out.shape(), out.dtype(), out.device());
+    attention(q, k, v, mask, params, staged, lse);
+    Tensor(out).copy_(staged);  // a handle on the same storage
+    return;
+  }
   if (cpu::attention_fast_applies(q, k, v, mask)) return cpu::attention_fast(q, k, v, params, out, lse);
   cpu::visit_float(q.dtype(), "attention", [&]<typename T>() {
     using A = cpu::acc_t<T>;

@@ -7,6 +7,9 @@
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
 // when a view has no unit stride along D. MICROLLM_CUDA_ATTENTION=reference in the environment forces the
 // reference path everywhere (for checking the fast paths against it).
+// out may be any [B, Hq, T, D] view with a unit stride along D: ops::attention hands a token-major one
+// ([B, T, Hq, D] in memory, what the output projection reads). The flash kernels write it in place; the other
+// paths write a contiguous tensor that is then copied into it.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +54,16 @@ Tensor vector_ready(const Tensor& t) {
 
 namespace {
 
+// write(o) with o = out where `in_place` (the path writes out's strides) or out is contiguous; otherwise with a
+// contiguous tensor, copied into out afterwards.
+template <typename Write>
+void write_into(const Tensor& out, bool in_place, Write write) {
+  if (in_place || out.is_contiguous()) return write(out);
+  const Tensor staged = Tensor::empty(out.shape(), out.dtype(), out.device());
+  write(staged);
+  Tensor(out).copy_(staged);  // a handle on the same storage
+}
+
 bool force_reference() {
   static const bool forced = [] {
     const char* env = std::getenv("MICROLLM_CUDA_ATTENTION");
@@ -73,15 +86,19 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   const at::Problem p = at::make_problem(q, k, params);
   if (!at::force_reference()) {
     if (at::decode_supported(p, q.dtype())) {
-      at::decode_forward(p, q, k, v, mask, out, lse, launch.stream, launch.device);
-      return;
+      return at::write_into(out, false, [&](const Tensor& o) {
+        at::decode_forward(p, q, k, v, mask, o, lse, launch.stream, launch.device);
+      });
     }
     if (at::flash_supported(p, q.dtype(), mask.defined())) {
-      at::flash_forward(p, q, k, v, out, lse, launch.stream, launch.device);
-      return;
+      // Its epilogue stores 16-byte row pieces: out's rows must be aligned for them (vector_ready returns out itself).
+      const bool rows_aligned = at::vector_ready(out).data_ptr() == out.data_ptr();
+      return at::write_into(out, rows_aligned, [&](const Tensor& o) {
+        at::flash_forward(p, q, k, v, o, lse, launch.stream, launch.device);
+      });
     }
   }
-  at::reference_forward(p, q, k, v, mask, out, lse, launch.stream);
+  at::write_into(out, false, [&](const Tensor& o) { at::reference_forward(p, q, k, v, mask, o, lse, launch.stream); });
 }
 
 void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,

@@ -63,6 +63,7 @@ struct FwdTile {
 
 template <typename T, int D, int BC, int NW, int MT>
 __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(const FwdArgs a) {
+  wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
   using Tile = FwdTile<D, BC, NW, MT>;
   constexpr int BR = Tile::kRows, CH = Tile::kChunks, THREADS = Tile::kThreads;
   extern __shared__ __align__(128) unsigned char flash_fwd_smem[];
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
   }
 
   // ---- epilogue: O / l through this warp's own rows of sQ (no other warp reads them), lse ----
-  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len * D;
+  T* out = out_row<T>(a, b, h, 0);
   float* lse = a.lse + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
     const int c = n * 32 + lane;
     const int r = warp_row0 + c / CH, ch = c % CH;
     if (q0 + r < a.q_len) {
-      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * D + ch * 8) =
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * a.out_stride[2] + ch * 8) =
           *reinterpret_cast<const uint4*>(sQ + swizzle(r, ch, CH) * 8);
     }
   }
@@ -296,6 +297,7 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   strides3(q, a.q_stride);
   strides3(k, a.k_stride);
   strides3(v, a.v_stride);
+  strides3(out, a.out_stride);
   a.q_heads = static_cast<int>(p.q_heads);
   a.group = static_cast<int>(p.group);
   a.q_len = static_cast<int>(p.q_len);

@@ -19,9 +19,10 @@ struct FwdArgs {
   const void* q;
   const void* k;
   const void* v;
-  void* out;                                      // [B, Hq, T, D] contiguous
+  void* out;                                      // [B, Hq, T, D] at out_stride (from ops: token-major)
   float* lse;                                     // [B, Hq, T] contiguous
   int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, position (elements); dim stride is 1
+  int64_t out_stride[3];                          // the same for out, each row 16-byte aligned
   int q_heads, group, q_len, kv_len, q_offset;
   bool causal;
   float scale_log2;  // scale * log2(e)
@@ -85,11 +86,18 @@ __device__ __forceinline__ float row_lse(float m_log2, float l) {
   return l > 0.f ? (m_log2 + log2f(l)) * kLn2 : -INFINITY;
 }
 
+// Row `row` of head h of batch b in out.
+template <typename T>
+__device__ __forceinline__ T* out_row(const FwdArgs& a, int64_t b, int64_t h, int64_t row) {
+  return static_cast<T*>(a.out) + b * a.out_stride[0] + h * a.out_stride[1] + row * a.out_stride[2];
+}
+
 // Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]):
 // out = sum_s w_s o_s / sum_s w_s l_s with w_s = e^(m_s - max m), lse = max m + log(sum); splits that saw
 // no key (l = 0) weigh nothing, and a row that saw none gets 0 and -inf, as the unsplit kernel writes.
 template <typename T, int D, int BR, int BC>
 __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int64_t rows) {
+  wait_for_prior_grids();  // the partials come from the kernel before (chained in a captured prefill)
   constexpr int E = D / 32;  // elements per lane
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
   if (w >= rows) return;
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
     for (int e = 0; e < E; ++e) acc[e] += ws * o[e];
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  T* out = static_cast<T*>(a.out) + (bh * a.q_len + row) * D + lane * E;
+  T* out = out_row<T>(a, bh / a.q_heads, bh % a.q_heads, row) + lane * E;
 #pragma unroll
   for (int e = 0; e < E; e += 2) *reinterpret_cast<uint32_t*>(out + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
   if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
@@ -166,12 +174,12 @@ void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas
   }
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((a.q_len + ROWS - 1) / ROWS),
                   static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1));
-  kernel<<<grid, threads, smem_bytes, stream>>>(a);
-  MICROLLM_CUDA_CHECK_LAUNCH();
+  // Chained (common.cuh): in a captured prefill each starts while the kernel before it finishes.
+  launch_chained(kernel, grid, threads, smem_bytes, stream, device, a);
   if (a.chunk_tiles > 0) {
     const int64_t rows = bh * a.split_rows;
-    flash_combine_kernel<T, D, ROWS, BC><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a, rows);
-    MICROLLM_CUDA_CHECK_LAUNCH();
+    launch_chained(flash_combine_kernel<T, D, ROWS, BC>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream,
+                   device, a, rows);
   }
 }
 

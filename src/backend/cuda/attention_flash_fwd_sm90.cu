@@ -173,6 +173,7 @@ __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&corr)[2
 template <typename T, int D, int BC, int NWG, int CTAS>
 __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(const FwdArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
   using Tile = Sm90Tile<D, BC, NWG>;
   constexpr int BR = Tile::kRows, THREADS = Tile::kThreads, CH = D / 8, STAGES = Tile::kStages;
   extern __shared__ unsigned char flash_sm90_smem[];
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   }
 
   // ---- epilogue: O / l through this warp's own rows of the Q panels (no other warp reads them), lse ----
-  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len * D;
+  T* out = out_row<T>(a, b, h, 0);
   float* lse = a.lse + (static_cast<int64_t>(b) * a.q_heads + h) * a.q_len;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
     const int c = n * 32 + lane;
     const int r = warp_row0 + c / CH, ch = c % CH;
     if (q0 + r < a.q_len) {
-      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * D + ch * 8) =
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * a.out_stride[2] + ch * 8) =
           *reinterpret_cast<const uint4*>(q_tile + panel_offset(r, ch, BR));
     }
   }

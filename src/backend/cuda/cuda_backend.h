@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
                               int64_t max_context, const Tensor& out) override;
+  void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                           const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                           const Tensor& q_out, const Tensor& k_out) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
 
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;
