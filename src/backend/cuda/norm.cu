@@ -100,10 +100,17 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
 // its row in registers, as raw T packs (h is x, or round(x + residual): a value of T either way, so
 // keeping T instead of f32 is exact and halves the registers of bf16 rows, which lets a warp own rows of
 // up to 16 packs per lane without block barriers). Needs 0 < n / V <= P * TPR.
-template <typename T, int V, int P, int TPR>
-__global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArgs<T> args) {
+// kWeightFirst (warp rows only): the weight is loaded into registers before the wait, see below.
+// Warp rows keep to 128 registers, two blocks an SM, except long rows holding their weight (a decode step's
+// few rows, which one block an SM covers): at 236 (bf16, P 8, the weight held) one block fit, and
+// R1-Distill-1.5B's 2,048 rows of a prefill ran in two waves at 12.5% occupancy (Nsight Compute); at 138 (P 4)
+// Qwen2.5-0.5B's would have. (bf16 P 4 spills 4 bytes at the cap, P 8 72: ptxas, CUDA 13.0.)
+template <typename T, int V, int P, int TPR, bool kWeightFirst>
+__global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeightFirst) ? 2 : 1)
+    rms_norm_cached(const ForwardArgs<T> args) {
   using A = acc_t<T>;
   static_assert(TPR == 32 || TPR == kNormThreads, "a row is a warp or the block");
+  static_assert(TPR == 32 || !kWeightFirst, "a block row loads its weight after its barrier");
   constexpr int kRowsPerBlock = kNormThreads / TPR;
   __shared__ A scratch[32];
   const int lane = threadIdx.x % TPR;
@@ -112,9 +119,10 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
   // the row's loads and reduction (decode-size rows: 3.9 -> 3.6 us on the H200) and, launched chained in a
   // decode graph, before the kernel before has even finished (no kernel of a decode step writes a weight).
   // The block row loads it after its barrier: earlier loads measured 55% of copy bandwidth at [16384, 4096]
-  // against 65% (more registers held across the barrier).
-  Pack<V, T> w[P];
-  if constexpr (TPR == 32) {
+  // against 65% (more registers held across the barrier). Long warp rows of many-row calls (a prefill) load
+  // it at the store too: registers for two blocks an SM.
+  Pack<V, T> w[kWeightFirst ? P : 1];
+  if constexpr (kWeightFirst) {
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const int64_t p = lane + q * TPR;
@@ -171,7 +179,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_cached(const ForwardArg
         A values[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) values[v] = to_acc(h[q].v[v]);
-        if constexpr (TPR == 32) {
+        if constexpr (kWeightFirst) {
           A y[V];
 #pragma unroll
           for (int v = 0; v < V; ++v) y[v] = to_acc(w[q].v[v]) * round_to<T>(values[v] * rstd);
@@ -336,10 +344,24 @@ bool row_strides_aligned(const StridedMeta<2>& meta, size_t element_size) {
   return true;
 }
 
-template <typename T, int V, int P, int TPR>
+template <typename T, int V, int P, int TPR, bool kWeightFirst = false>
 void launch_cached(const ForwardArgs<T>& args, cudaStream_t stream, int device) {
-  launch_chained(rms_norm_cached<T, V, P, TPR>, grid_for(args.n_rows, kNormThreads / TPR), kNormThreads, 0, stream,
-                 device, args);
+  launch_chained(rms_norm_cached<T, V, P, TPR, kWeightFirst>, grid_for(args.n_rows, kNormThreads / TPR), kNormThreads,
+                 0, stream, device, args);
+}
+
+// A warp per row. Rows of up to 4 packs a lane always hold their weight; longer ones only when one block an SM
+// covers the rows (a decode step's), since holding it costs the second block an SM that a prefill's rows need.
+template <typename T, int V, int P>
+void launch_warp_rows(const ForwardArgs<T>& args, cudaStream_t stream, int device) {
+  constexpr int kRowsPerBlock = kNormThreads / 32;
+  if constexpr (P <= 4) {
+    launch_cached<T, V, P, 32, true>(args, stream, device);
+  } else if (args.n_rows <= int64_t{kRowsPerBlock} * multiprocessor_count(device)) {
+    launch_cached<T, V, P, 32, true>(args, stream, device);
+  } else {
+    launch_cached<T, V, P, 32, false>(args, stream, device);
+  }
 }
 
 template <typename T>
@@ -351,10 +373,11 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream, i
     // A warp per row up to 8 packs per lane (the models' hidden sizes: bf16 rows up to 2048), 8 rows per
     // block, no block barriers; longer rows take the block. (A warp with 16 packs per lane on bf16 rows of
     // 4096 measured 35% of copy bandwidth on the H200, the block 64%: too few warps in flight per SM.)
-    if (groups <= 32) return launch_cached<T, V, 1, 32>(args, stream, device);
-    if (groups <= 64) return launch_cached<T, V, 2, 32>(args, stream, device);
-    if (groups <= 128) return launch_cached<T, V, 4, 32>(args, stream, device);
-    if (groups <= 256) return launch_cached<T, V, 8, 32>(args, stream, device);
+    if (groups <= 32) return launch_warp_rows<T, V, 1>(args, stream, device);
+    if (groups <= 64) return launch_warp_rows<T, V, 2>(args, stream, device);
+    if (groups <= 128) return launch_warp_rows<T, V, 4>(args, stream, device);
+    if (groups <= 192) return launch_warp_rows<T, V, 6>(args, stream, device);  // R1-Distill-1.5B: 1536
+    if (groups <= 256) return launch_warp_rows<T, V, 8>(args, stream, device);
     // Rows of 257..2048 packs: the block per row. (Measured on the H200 at [16384, 4096] bf16, copy 3.74
     // TB/s: 256 threads per row 65% of it, 128 threads (2 rows per block) 64%, 64 threads 55%.)
     if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream, device);
