@@ -25,6 +25,8 @@ namespace microllm {
 namespace {
 
 using testing::host_values;
+using testing::llama3_interleaved_rope;
+using testing::qwen_rope;
 using testing::random_tensor;
 using testing::tolerance;
 
@@ -343,21 +345,6 @@ DecodeStep make_step(const Cache& c, DType dtype, Device device) {
   }
   s.slots = Tensor::from_vector(slots, {n}).to(device);
   return s;
-}
-
-RopeParams qwen_rope() {
-  RopeParams p;
-  p.theta = 1e6;
-  return p;
-}
-RopeParams llama3_interleaved_rope() {
-  RopeParams p;
-  p.theta = 5e5;
-  p.layout = RopeLayout::interleaved;
-  p.scaling.type = RopeScalingType::llama3;
-  p.scaling.factor = 32;
-  p.scaling.original_max_position_embeddings = 64;  // so the blend band covers these head dims' frequencies
-  return p;
 }
 
 // On this device: paged_decode_attention into a NaN-filled out on random pools, against rope + paged_kv_write +

@@ -24,6 +24,8 @@ namespace microllm {
 namespace {
 
 using testing::host_values;
+using testing::llama3_interleaved_rope;
+using testing::qwen_rope;
 using testing::random_tensor;
 
 // Bit for bit, NaN equal to NaN (the pools' rows that nobody writes).
@@ -71,21 +73,6 @@ Chunk make_chunk(const Shape4& s, DType dtype, Device device, int64_t start, boo
   for (size_t i = 3; i < slots.size(); i += 5) slots[i] = -1;
   c.slots = Tensor::from_vector(slots, {n}).to(device);
   return c;
-}
-
-RopeParams qwen_rope() {
-  RopeParams p;
-  p.theta = 1e6;
-  return p;
-}
-RopeParams llama3_interleaved_rope() {
-  RopeParams p;
-  p.theta = 5e5;
-  p.layout = RopeLayout::interleaved;
-  p.scaling.type = RopeScalingType::llama3;
-  p.scaling.factor = 32;
-  p.scaling.original_max_position_embeddings = 64;
-  return p;
 }
 
 class PagedRopeKvWriteTest : public ::testing::TestWithParam<Device> {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "microllm/backend/kernel_params.h"
 #include "microllm/core/tensor.h"
 
 namespace microllm::testing {
@@ -83,5 +84,22 @@ class ScopedSwitch {
 
 // f64 host values of a tensor, and an index helper for row-major loops in reference code.
 std::vector<double> host_values(const Tensor& t);
+
+// Rotary parameters of the paged-cache tests: Qwen's (theta 1e6, split-half pairs), and llama3 scaling with
+// interleaved pairs, its blend band over small head dims' frequencies.
+inline RopeParams qwen_rope() {
+  RopeParams p;
+  p.theta = 1e6;
+  return p;
+}
+inline RopeParams llama3_interleaved_rope() {
+  RopeParams p;
+  p.theta = 5e5;
+  p.layout = RopeLayout::interleaved;
+  p.scaling.type = RopeScalingType::llama3;
+  p.scaling.factor = 32;
+  p.scaling.original_max_position_embeddings = 64;  // so the blend band covers these head dims' frequencies
+  return p;
+}
 
 }  // namespace microllm::testing
