@@ -155,8 +155,7 @@ std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, 
                                               const Tensor& v_pool, const Tensor& slots) {
   const char* op = "paged_rope_kv_write";
   check_pools(op, k_pool, v_pool);
-  const Tensor pos = checks::rope_positions(op, q, "q", positions, rope);
-  checks::rope_positions(op, k, "k", positions, rope);
+  const Tensor pos = checks::rope_positions(op, q, "q", positions, rope);  // k and v: q's B, T and D below
   const int64_t kv_heads = k_pool.size(2), dim = k_pool.size(3);
   for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{q, "q"}, {k, "k"}, {v, "v"}}) {
     checks::rank(op, t, name, 4);

@@ -18,6 +18,7 @@
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
+#include "rows.cuh"
 
 namespace microllm {
 namespace cuda_kernels::attention {
@@ -38,17 +39,9 @@ Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& pa
 }
 
 Tensor vector_ready(const Tensor& t) {
-  const int64_t per16 = 16 / static_cast<int64_t>(t.element_size());
-  const auto aligned = [&](const Tensor& x) {
-    if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || x.stride(3) != 1) return false;
-    for (int d = 0; d < 3; ++d) {
-      if (x.size(d) > 1 && x.stride(d) % per16 != 0) return false;
-    }
-    return true;
-  };
-  if (t.numel() == 0 || aligned(t)) return t;
+  if (t.numel() == 0 || rows::rows_aligned16(t)) return t;
   Tensor c = t.contiguous();
-  if (!aligned(c)) c = t.clone();  // contiguous() returns t itself when t is contiguous but misaligned
+  if (!rows::rows_aligned16(c)) c = t.clone();  // contiguous() returns t itself when t is contiguous but misaligned
   return c;
 }
 
@@ -91,9 +84,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
       });
     }
     if (at::flash_supported(p, q.dtype(), mask.defined())) {
-      // Its epilogue stores 16-byte row pieces: out's rows must be aligned for them (vector_ready returns out itself).
-      const bool rows_aligned = at::vector_ready(out).data_ptr() == out.data_ptr();
-      return at::write_into(out, rows_aligned, [&](const Tensor& o) {
+      // Its epilogue stores 16-byte row pieces: out's rows must be aligned for them.
+      return at::write_into(out, rows::rows_aligned16(out), [&](const Tensor& o) {
         at::flash_forward(p, q, k, v, o, lse, launch.stream, launch.device);
       });
     }

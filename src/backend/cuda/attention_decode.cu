@@ -20,6 +20,7 @@
 
 #include "attention_kernels.h"
 #include "common.cuh"
+#include "rows.cuh"
 #include "decode_phases.cuh"
 
 namespace microllm::cuda_kernels::attention {
@@ -157,9 +158,6 @@ __global__ void __launch_bounds__(kDecThreads)
   }
 }
 
-void strides3(const Tensor& t, int64_t (&s)[3]) {
-  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
-}
 
 }  // namespace
 
@@ -196,9 +194,9 @@ void decode_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, co
       a.k = k.data_ptr();
       a.v = v.data_ptr();
       a.mask = mask.defined() ? static_cast<const uint8_t*>(mask.data_ptr()) : nullptr;
-      strides3(q, a.q_stride);
-      strides3(k, a.k_stride);
-      strides3(v, a.v_stride);
+      rows::strides3(q, a.q_stride);
+      rows::strides3(k, a.k_stride);
+      rows::strides3(v, a.v_stride);
       for (int d = 0; d < 4; ++d) a.mask_stride[d] = mask.defined() ? mask.stride(d) : 0;
       a.q_heads = static_cast<int>(p.q_heads);
       a.kv_heads = static_cast<int>(p.kv_heads);

@@ -32,6 +32,7 @@
 #include "attention_kernels.h"
 #include "attention_mma.cuh"
 #include "common.cuh"
+#include "rows.cuh"
 #include "microllm/backend/backend.h"
 
 namespace microllm::cuda_kernels::attention {
@@ -348,9 +349,6 @@ __global__ void reduce_splits_kernel(const float* __restrict__ part_k, const flo
   }
 }
 
-void strides3(const Tensor& t, int64_t (&s)[3]) {
-  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
-}
 
 // The smallest divisor of `group` that gives at least `target` CTAs (or the whole group).
 int choose_split(int64_t base_ctas, int64_t group, int64_t target) {
@@ -402,10 +400,10 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
     a.dk = grad_k.data_ptr();
     a.dv = grad_v.data_ptr();
   }
-  strides3(q, a.q_stride);
-  strides3(k, a.k_stride);
-  strides3(v, a.v_stride);
-  strides3(dout, a.do_stride);
+  rows::strides3(q, a.q_stride);
+  rows::strides3(k, a.k_stride);
+  rows::strides3(v, a.v_stride);
+  rows::strides3(dout, a.do_stride);
   a.batch = static_cast<int>(p.batch);
   a.q_heads = static_cast<int>(p.q_heads);
   a.kv_heads = static_cast<int>(p.kv_heads);

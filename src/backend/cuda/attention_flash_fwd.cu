@@ -39,6 +39,7 @@
 
 #include "attention_flash_fwd.cuh"
 #include "attention_kernels.h"
+#include "rows.cuh"
 
 namespace microllm::cuda_kernels::attention {
 namespace {
@@ -271,9 +272,6 @@ void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) 
   launch_split<T, D, Tile::kRows, BC>(kernel, Tile::kThreads, Tile::kSmemBytes, kCtasPerSm, a, batch, stream, device);
 }
 
-void strides3(const Tensor& t, int64_t (&s)[3]) {
-  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
-}
 
 }  // namespace
 
@@ -294,10 +292,10 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.v = v.data_ptr();
   a.out = out.data_ptr();
   a.lse = lse.data<float>();
-  strides3(q, a.q_stride);
-  strides3(k, a.k_stride);
-  strides3(v, a.v_stride);
-  strides3(out, a.out_stride);
+  rows::strides3(q, a.q_stride);
+  rows::strides3(k, a.k_stride);
+  rows::strides3(v, a.v_stride);
+  rows::strides3(out, a.out_stride);
   a.q_heads = static_cast<int>(p.q_heads);
   a.group = static_cast<int>(p.group);
   a.q_len = static_cast<int>(p.q_len);

@@ -124,10 +124,10 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // chain_next_grids() to let the next chained kernel launch early. Both are no-ops before sm_90, in a HIP
 // port, or when the kernel was launched plainly.
 // Launches are chained only while the stream is being captured into a CUDA graph: the engine's decode
-// steps, where no kernel writes a weight, so a chained kernel may load its weights (RMSNorm's, a GEMV's)
-// before it waits; paged_decode_attention likewise stages the KV cache's rows of earlier steps (the step's
-// positions and block tables are uploaded before the graph runs; no chained kernel writes them). Outside a
-// capture (training, prefill) every launch is plain and waits in stream order.
+// steps and prefill chunks, where no kernel writes a weight, so a chained kernel may load its weights
+// (RMSNorm's, a GEMV's) before it waits; paged_decode_attention likewise stages the KV cache's rows of earlier
+// steps (the step's positions and block tables are uploaded before the graph runs; no chained kernel writes
+// them). Outside a capture (training, eager forwards) every launch is plain and waits in stream order.
 // MICROLLM_PDL=0 makes every launch plain (an A/B switch).
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -33,10 +33,10 @@
 #include <cmath>
 
 #include "../../core/cuda/device_errors.h"
-#include "../rope_math.h"
 #include "common.cuh"
 #include "decode_phases.cuh"
 #include "rope.cuh"
+#include "rows.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 
@@ -67,9 +67,7 @@ constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per spl
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
 
 // The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
-struct RopeFreq {
-  float v[kMaxFastDim / 2];
-};
+using RopeFreq = rotary::InvFreq<float, kMaxFastDim / 2>;
 
 struct PagedArgs {
   const void* q;
@@ -473,13 +471,8 @@ __global__ void paged_gather_kernel(const T* __restrict__ pool, const int32_t* _
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
 // shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256).
 bool fast_layout(const Tensor& pool) {
-  const int64_t bytes = static_cast<int64_t>(pool.element_size()), dim = pool.size(3);
-  if (dim % 8 != 0 || dim > kMaxFastDim || 32 % (dim / 8) != 0 || pool.stride(3) != 1) return false;
-  if (reinterpret_cast<uintptr_t>(pool.data_ptr()) % 16 != 0) return false;
-  for (int d = 0; d < 3; ++d) {
-    if (pool.size(d) > 1 && (pool.stride(d) * bytes) % 16 != 0) return false;
-  }
-  return true;
+  const int64_t dim = pool.size(3);
+  return dim % 8 == 0 && dim <= kMaxFastDim && 32 % (dim / 8) == 0 && rows::rows_aligned16(pool);
 }
 
 // Whether the staged kernel takes these shapes: both pools' layouts, the grid's x extent (tokens x kv heads x
@@ -677,9 +670,7 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
   const bool split_half = rope.layout == RopeLayout::split_half;
   a.pair_step = split_half ? 1 : 2;
   a.partner = split_half ? static_cast<int>(dim / 2) : 1;
-  pg::RopeFreq freq{};
-  const std::vector<float> inv_freq = rope_inv_freq_as<float>(rope, dim);
-  std::copy(inv_freq.begin(), inv_freq.end(), freq.v);
+  const pg::RopeFreq freq = rotary::inv_freq_arg<float, pg::kMaxFastDim / 2>(rope, dim);
   visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_decode_attention", DType::f64);

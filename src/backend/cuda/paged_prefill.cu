@@ -10,14 +10,13 @@
 // Hugging Face's rotate_half gives) and 16-byte aligned rows take the kernel; the rest runs the composition.
 #include <algorithm>
 #include <type_traits>
-#include <vector>
 
 #include "../../core/cuda/device_errors.h"
-#include "../rope_math.h"
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
 #include "rope.cuh"
+#include "rows.cuh"
 
 namespace microllm {
 namespace cuda_kernels::paged_prefill {
@@ -25,13 +24,12 @@ namespace {
 
 using detail::DeviceErrorCode;
 using detail::report_device_error;
+using rows::kPack;
+using rows::rows_aligned16;
 
 constexpr int kThreadsPerToken = 128;
 constexpr int kMaxHalf = 128;  // head dims up to 256
-
-struct Freq {
-  float v[kMaxHalf];
-};
+using Freq = rotary::InvFreq<float, kMaxHalf>;
 
 struct Args {
   const void* q;  // [B, T, Hq, D] at q_stride (batch, token, head), unit stride along D; k, v the same with Hkv
@@ -52,14 +50,9 @@ struct Args {
   uint64_t* error_word;
 };
 
+// The V = kPack<T> elements at p (16 bytes, aligned), and a store of them.
 template <typename T>
-constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-
-template <typename T>
-struct alignas(16) Vec {
-  T v[kVec<T>];
-};
-
+using Vec = rows::Pack<kPack<T>, T>;
 template <typename T>
 __device__ __forceinline__ Vec<T> load(const T* p) {
   return *reinterpret_cast<const Vec<T>*>(p);
@@ -71,7 +64,7 @@ __device__ __forceinline__ void store(T* p, const Vec<T>& x) {
 
 template <typename T, typename P>
 __global__ void __launch_bounds__(kThreadsPerToken) rope_kv_write_kernel(const Args a, const Freq freq) {
-  constexpr int V = kVec<T>;
+  constexpr int V = kPack<T>;
   __shared__ float s_cos[kMaxHalf], s_sin[kMaxHalf];
   const int half = a.dim / 2, vecs = half / V;  // vectors of pairs per head half
   wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the GEMM before
@@ -128,26 +121,13 @@ __global__ void __launch_bounds__(kThreadsPerToken) rope_kv_write_kernel(const A
   }
 }
 
-// Every row the kernel moves starts on a 16-byte boundary and runs along D with unit stride.
-bool rows_aligned(const Tensor& t, int leading_dims) {
-  const int64_t per16 = 16 / static_cast<int64_t>(t.element_size());
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || t.stride(t.dim() - 1) != 1) return false;
-  for (int d = 0; d < leading_dims; ++d) {
-    if (t.size(d) > 1 && t.stride(d) % per16 != 0) return false;
-  }
-  return true;
-}
-
+// The kernel's shapes: split-half pairs, whole 16-byte vectors in each half of a head, every row it moves aligned.
 bool fused_fits(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope, const Tensor& k_pool,
                 const Tensor& v_pool) {
   const int64_t dim = q.size(3), per16 = 16 / static_cast<int64_t>(q.element_size());
   return rope.layout == RopeLayout::split_half && q.dtype() != DType::f64 && dim / 2 <= kMaxHalf &&
-         (dim / 2) % per16 == 0 && q.size(0) * q.size(1) < (int64_t{1} << 31) && rows_aligned(q, 3) &&
-         rows_aligned(k, 3) && rows_aligned(v, 3) && rows_aligned(k_pool, 3) && rows_aligned(v_pool, 3);
-}
-
-void strides3(const Tensor& t, int64_t (&s)[3]) {
-  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
+         (dim / 2) % per16 == 0 && q.size(0) * q.size(1) < (int64_t{1} << 31) && rows_aligned16(q) &&
+         rows_aligned16(k) && rows_aligned16(v) && rows_aligned16(k_pool) && rows_aligned16(v_pool);
 }
 
 }  // namespace
@@ -168,9 +148,9 @@ void CudaBackend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Te
   a.q = q.data_ptr();
   a.k = k.data_ptr();
   a.v = v.data_ptr();
-  pp::strides3(q, a.q_stride);
-  pp::strides3(k, a.k_stride);
-  pp::strides3(v, a.v_stride);
+  rows::strides3(q, a.q_stride);
+  rows::strides3(k, a.k_stride);
+  rows::strides3(v, a.v_stride);
   a.positions = positions.data_ptr();
   a.pos_stride[0] = positions.stride(0);
   a.pos_stride[1] = positions.stride(1);
@@ -178,8 +158,8 @@ void CudaBackend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Te
   a.k_out = k_out.data_ptr();
   a.k_pool = k_pool.data_ptr();
   a.v_pool = v_pool.data_ptr();
-  pp::strides3(k_pool, a.k_pool_stride);
-  pp::strides3(v_pool, a.v_pool_stride);
+  rows::strides3(k_pool, a.k_pool_stride);
+  rows::strides3(v_pool, a.v_pool_stride);
   a.slots = slots.data<int32_t>();
   a.slot_stride = slots.stride(0);
   a.tokens = q.size(0) * q.size(1);
@@ -190,9 +170,7 @@ void CudaBackend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Te
   a.dim = static_cast<int>(q.size(3));
   a.block_size = static_cast<int>(k_pool.size(1));
   a.error_word = detail::cuda_error_word(device_);
-  pp::Freq freq{};
-  const std::vector<float> inv_freq = rope_inv_freq_as<float>(rope, q.size(3));
-  for (size_t i = 0; i < inv_freq.size(); ++i) freq.v[i] = inv_freq[i];
+  const pp::Freq freq = rotary::inv_freq_arg<float, pp::kMaxHalf>(rope, q.size(3));
   const auto grid = static_cast<unsigned>(std::min<int64_t>(a.tokens, int64_t{1} << 20));
   visit_float(q.dtype(), "paged_rope_kv_write", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, double>) {

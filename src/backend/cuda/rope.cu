@@ -5,7 +5,6 @@
 // rope_math.h on the host (the CPU's numbers exactly) and travel by value as a kernel argument.
 #include <cmath>
 
-#include "../rope_math.h"
 #include "common.cuh"
 #include "rope.cuh"
 #include "cuda_backend.h"
@@ -18,9 +17,7 @@ namespace {
 constexpr int kMaxRopeHalf = 256;  // head dims up to 512
 
 template <typename A>
-struct InvFreq {
-  A v[kMaxRopeHalf];
-};
+using InvFreq = rotary::InvFreq<A, kMaxRopeHalf>;
 
 template <typename T, typename P>
 struct RopeArgs {
@@ -97,9 +94,7 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, const RopeParam
                    " exceeds the CUDA kernel's limit of ", 2 * kMaxRopeHalf);
     if (out.numel() == 0) return;
     Launch launch(out);
-    InvFreq<A> freq{};
-    const std::vector<A> inv_freq = rope_inv_freq_as<A>(params, dim);
-    for (size_t i = 0; i < inv_freq.size(); ++i) freq.v[i] = inv_freq[i];
+    const InvFreq<A> freq = rotary::inv_freq_arg<A, kMaxRopeHalf>(params, dim);
     switch (positions.dtype()) {
       case DType::i32: return launch_rope<T, int32_t>(x, positions, params, inverse, out, freq, launch.stream);
       case DType::i64: return launch_rope<T, int64_t>(x, positions, params, inverse, out, freq, launch.stream);

@@ -2,9 +2,29 @@
 // (paged_attention.cu), so the two give the same bits (internal header).
 #pragma once
 
+#include <algorithm>
+#include <vector>
+
+#include "../rope_math.h"
 #include "common.cuh"
 
 namespace microllm::cuda_kernels::rotary {
+
+// The D / 2 inverse frequencies (rope_math.h's, computed on the host) by value as a kernel argument, for head
+// dims up to 2 N.
+template <typename A, int N>
+struct InvFreq {
+  A v[N];
+};
+
+// params' inverse frequencies for head_dim; head_dim <= 2 N is the caller's to check.
+template <typename A, int N>
+InvFreq<A, N> inv_freq_arg(const RopeParams& params, int64_t head_dim) {
+  InvFreq<A, N> freq{};
+  const std::vector<A> values = rope_inv_freq_as<A>(params, head_dim);
+  std::copy(values.begin(), values.end(), freq.v);
+  return freq;
+}
 
 // Products rounded on their own, never contracted into an FMA with the add or subtract next to them:
 // the CPU reference computes a * cos - c * sin as two rounded products and a difference.

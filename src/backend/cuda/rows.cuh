@@ -28,6 +28,23 @@ inline int64_t next_pow2(int64_t n) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether every row of t (along its last dim) moves in 16-byte vectors: unit stride along the last dim, and the
+// base and the stride of every leading dim of more than one element on 16-byte boundaries.
+inline bool rows_aligned16(const Tensor& t) {
+  const int64_t bytes = static_cast<int64_t>(t.element_size());
+  if (!aligned16(t.data_ptr()) || t.stride(t.dim() - 1) != 1) return false;
+  for (int d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) > 1 && (t.stride(d) * bytes) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// t's strides along its first three dims: the (batch, head, position) or (batch, token, head) strides that the
+// attention and paged kernels take with a unit stride along the last dim.
+inline void strides3(const Tensor& t, int64_t (&s)[3]) {
+  for (int d = 0; d < 3; ++d) s[d] = t.stride(d);
+}
+
 // The shape and strides of t's leading dims (all but the last): row r of t starts at the offset that
 // make_strided_meta over these gives for r.
 inline Shape leading_shape(const Tensor& t) {
