@@ -30,6 +30,11 @@ std::atomic<bool>& decode_gemv_flag() {
   return flag;
 }
 
+std::atomic<bool>& gemm_tuning_flag() {
+  static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMM_TUNING")};
+  return flag;
+}
+
 std::atomic<bool>& flash_wgmma_flag() {
   static std::atomic<bool> flag{switch_from_environment("MICROLLM_FLASH_WGMMA")};
   return flag;
@@ -44,6 +49,8 @@ void set_deterministic_algorithms(bool deterministic) {
 bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_relaxed); }
 void set_decode_gemv(bool enabled) { decode_gemv_flag().store(enabled, std::memory_order_relaxed); }
 bool decode_gemv() { return decode_gemv_flag().load(std::memory_order_relaxed); }
+void set_gemm_tuning(bool enabled) { gemm_tuning_flag().store(enabled, std::memory_order_relaxed); }
+bool gemm_tuning() { return gemm_tuning_flag().load(std::memory_order_relaxed); }
 void set_flash_wgmma(bool enabled) { flash_wgmma_flag().store(enabled, std::memory_order_relaxed); }
 bool flash_wgmma() { return flash_wgmma_flag().load(std::memory_order_relaxed); }
 

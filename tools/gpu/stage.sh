@@ -10,7 +10,7 @@ rm -rf .device
 mkdir -p .device/lib .device/bin
 cp -a "$build"/src/libmicrollm_*.so* .device/lib/
 for program in tests/core_tests tests/ops_tests benchmarks/cuda_ops_bench benchmarks/allreduce_bench \
-               benchmarks/persistent_mlp_bench apps/microllm; do
+               benchmarks/persistent_mlp_bench benchmarks/cublaslt_algos_bench apps/microllm; do
   [ -f "$build/$program" ] && cp "$build/$program" .device/bin/
 done
 for program in "$build"/tests/*_tests; do cp "$program" .device/bin/; done

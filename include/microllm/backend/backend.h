@@ -209,6 +209,13 @@ bool deterministic_algorithms();
 void set_decode_gemv(bool enabled);
 bool decode_gemv();
 
+// Whether a CUDA matmul of half precision and at least a GFLOP times cuBLASLt's candidate algorithms at the first
+// use of its shape and keeps the fastest (src/backend/cuda/gemm_tuning.h), instead of taking the heuristic's
+// first choice. On by default; MICROLLM_GEMM_TUNING=0 turns it off (read once, at the first call);
+// set_gemm_tuning overrides both (process-wide). A shape keeps the algorithm chosen at its first use.
+void set_gemm_tuning(bool enabled);
+bool gemm_tuning();
+
 // Whether the CUDA flash attention forward runs its Hopper kernel (wgmma, src/backend/cuda/
 // attention_flash_fwd_sm90.cu) on an sm_90 GPU (H100 / H200) when the build has sm_90a machine code, instead of
 // the portable mma.sync kernel every sm_80+ GPU runs. On by default; MICROLLM_FLASH_WGMMA=0 turns it off (read

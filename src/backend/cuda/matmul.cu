@@ -3,9 +3,11 @@
 // read in place (the other layout is the same matrix transposed: flip the op), any other operand is
 // made contiguous first. Batch dims collapse into one strided batch where their strides allow and loop
 // on the host where not. bf16/f16 accumulate in f32, f32 in f32 (TF32 only with set_allow_tf32), f64 in
-// f64. Plans (descriptors, layouts, the heuristic's algorithm) are cached per problem; a problem that
-// cuBLASLt refuses runs a plain fallback kernel instead. Linear layers of decode size (m <= 8 rows, bf16/f16)
-// run the GEMV of gemv.cu instead of cuBLASLt.
+// f64. Plans (descriptors, layouts, the algorithm) are cached per problem; a problem that cuBLASLt refuses
+// runs a plain fallback kernel instead. The algorithm is the heuristic's first choice, except for large bf16 / f16
+// problems, which time the heuristic's first kTuningCandidates once and keep the fastest (gemm_tuning.h). Linear layers
+// of decode size (m <= 8 rows, bf16/f16) run the GEMV of gemv.cu instead of cuBLASLt.
+#include <array>
 #include <climits>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include "common.cuh"
 #include "cublaslt.h"
 #include "cuda_backend.h"
+#include "gemm_tuning.h"
 #include "gemv.h"
 #include "op_scope.h"
 
@@ -127,10 +130,16 @@ struct PlanKeyHash {
   }
 };
 
+constexpr int kTuningCandidates = 8;  // the heuristic's first answers a plan worth_tuning times
+constexpr double kMinTunedFlops = 1e9;
+
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // c is also D's layout
   cublasLtMatmulAlgo_t algo{};
+  // The heuristic's answers, timed at the plan's first use when there is more than one (a problem worth_tuning).
+  std::array<cublasLtMatmulAlgo_t, kTuningCandidates> candidates{};
+  int untimed = 0;  // candidates[0, untimed) wait to be timed: 0 once timed, or when there was no choice
   bool has_algo = false;       // false: cuBLASLt offers no algorithm, the fallback kernel runs
   bool bias_epilogue = false;  // the bias is added in cuBLASLt's epilogue (else by add_bias_rows)
 
@@ -185,8 +194,17 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return layout;
 }
 
-// Asks the heuristic for one algorithm; false when cuBLASLt supports none for this problem.
-bool find_algo(cublasLtHandle_t handle, Plan& plan, const PlanKey& key) {
+// Problems that time the heuristic's candidates (gemm_tuning.h): half precision (the models' GEMMs), one
+// matrix (a strided batch would need scratch for every entry), and at least kMinTunedFlops, where a few percent
+// outweigh the one-time cost of timing (~a millisecond a candidate at the largest shapes).
+bool worth_tuning(const PlanKey& key) {
+  return gemm_tuning() && (key.dtype == DType::bf16 || key.dtype == DType::f16) && key.batch == 1 &&
+         2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k) >= kMinTunedFlops;
+}
+
+// Asks the heuristic for up to `count` algorithms (plan.candidates, the first in plan.algo); false when cuBLASLt
+// supports none for this problem.
+bool find_algo(cublasLtHandle_t handle, Plan& plan, const PlanKey& key, int count) {
   cublasLtMatmulPreference_t pref = nullptr;
   MICROLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   struct PrefGuard {
@@ -203,19 +221,26 @@ bool find_algo(cublasLtHandle_t handle, Plan& plan, const PlanKey& key) {
   for (int i = 0; i < 4; ++i) {
     MICROLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &aligns[i], sizeof(uint32_t)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kTuningCandidates> results{};
+  count = std::min(count, kTuningCandidates);
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
+                                                               count, results.data(), &found);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   MICROLLM_CUBLAS_CHECK(status);
-  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
-  plan.algo = result.algo;
+  int usable = 0;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan.candidates[usable++] = results[i].algo;
+  }
+  if (usable == 0) return false;
+  plan.algo = plan.candidates[0];
+  plan.untimed = usable > 1 ? usable : 0;
   return true;
 }
 
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, const void* bias_ptr) {
   auto plan = std::make_unique<Plan>();
+  const int candidates = worth_tuning(key) ? kTuningCandidates : 1;
   const cudaDataType_t type = cuda_data_type(key.dtype);
   const bool f64 = key.dtype == DType::f64;
   const cublasComputeType_t compute =
@@ -238,7 +263,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, con
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     MICROLLM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
-    if (find_algo(handle, *plan, key)) {
+    if (find_algo(handle, *plan, key, candidates)) {
       plan->has_algo = plan->bias_epilogue = true;
       return plan;
     }
@@ -247,7 +272,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, con
     MICROLLM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof(none)));
   }
-  plan->has_algo = find_algo(handle, *plan, key);
+  plan->has_algo = find_algo(handle, *plan, key, candidates);
   return plan;
 }
 
@@ -386,7 +411,7 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
     if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
     it = cache.plans.emplace(key, make_plan(handle, key, bias_ptr)).first;
   }
-  const Plan& plan = *it->second;
+  Plan& plan = *it->second;
   if (!plan.has_algo) {
     launch_fallback<T>(a, b, ta, tb, static_cast<const T*>(bias_ptr), 1, out, launch.stream);
     return;
@@ -394,6 +419,18 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
   if (plan.bias_epilogue) {
     MICROLLM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+  }
+  if (plan.untimed > 0) {  // the first use of a plan worth tuning: time its candidates, keep the fastest
+    const TunedGemm gemm{plan.desc,
+                         plan.a,
+                         plan.b,
+                         plan.c,
+                         static_cast<size_t>(key.ld_a * key.cols_a * es),
+                         static_cast<size_t>(key.ld_b * key.cols_b * es),
+                         static_cast<size_t>(key.m * key.n * es),
+                         key.dtype};
+    plan.algo = plan.candidates[fastest_algo(handle, gemm, plan.candidates.data(), plan.untimed, launch.device)];
+    plan.untimed = 0;
   }
   const acc_t<T> alpha = 1, beta = 0;
   const T* a_base = static_cast<const T*>(a.data_ptr());
