@@ -14,7 +14,6 @@ Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
-std::atomic<bool> g_deterministic{true};
 
 // A switch from the environment: unset or "1" -> on, "0" -> off; anything else is a configuration mistake
 // worth an error.
@@ -27,6 +26,11 @@ bool switch_from_environment(const char* name) {
 
 std::atomic<bool>& decode_gemv_flag() {
   static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMV")};
+  return flag;
+}
+
+std::atomic<bool>& deterministic_flag() {
+  static std::atomic<bool> flag{switch_from_environment("MICROLLM_DETERMINISTIC")};
   return flag;
 }
 
@@ -44,9 +48,9 @@ std::atomic<bool>& flash_wgmma_flag() {
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 void set_deterministic_algorithms(bool deterministic) {
-  g_deterministic.store(deterministic, std::memory_order_relaxed);
+  deterministic_flag().store(deterministic, std::memory_order_relaxed);
 }
-bool deterministic_algorithms() { return g_deterministic.load(std::memory_order_relaxed); }
+bool deterministic_algorithms() { return deterministic_flag().load(std::memory_order_relaxed); }
 void set_decode_gemv(bool enabled) { decode_gemv_flag().store(enabled, std::memory_order_relaxed); }
 bool decode_gemv() { return decode_gemv_flag().load(std::memory_order_relaxed); }
 void set_gemm_tuning(bool enabled) { gemm_tuning_flag().store(enabled, std::memory_order_relaxed); }

@@ -1,8 +1,8 @@
 // cuBLASLt's algorithm chosen by timing (src/backend/cuda/gemm_tuning.h): a half-precision linear of at least a
 // GFLOP times the heuristic's candidates at its shape's first use, on scratch operands, and keeps the fastest.
 // The product it then computes matches the CPU reference and the heuristic's first choice (tuning off), eagerly
-// and when the first use is inside a CUDA graph capture; a shape is timed once; small or f32 products and
-// tuning off time nothing. Skips without a GPU.
+// and when the first use is inside a CUDA graph capture, bit for bit under deterministic_algorithms(); a shape is
+// timed once; small or f32 products and tuning off time nothing. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef MICROLLM_WITH_CUDA
@@ -106,6 +106,29 @@ TEST_P(GemmTuningCudaTest, FirstUseInsideAGraphCapture) {
   graph = cuda::Graph();
   y = Tensor();
   cuda::release_graph_pool(0, pool);
+}
+
+// One shape planned three times: the heuristic's choice (tuning off), the timed choice under
+// deterministic_algorithms() (the default: only candidates with the heuristic's bits), and the timed choice
+// without it (any candidate: the fastest may sum in another order, so only close).
+TEST_P(GemmTuningCudaTest, DeterministicModeKeepsTheHeuristicsBits) {
+  const int64_t m = fresh_rows(2048);
+  const Tensor x_cpu = rand({m, kK}), w_cpu = rand({kN, kK}, 0.05);
+  const Tensor x = x_cpu.to(kGpu), w = w_cpu.to(kGpu);
+  auto plan_and_run = [&](bool tuning, bool deterministic) {
+    const TuningSetting tune(tuning);
+    const testing::ScopedSwitch det(deterministic_algorithms, set_deterministic_algorithms, deterministic);
+    cuda::synchronize(0);
+    cuda_kernels::clear_matmul_plans(0);
+    const int64_t runs = gemm_tuning_runs();
+    Tensor y = linear(x, w).to(Device::cpu());
+    EXPECT_EQ(gemm_tuning_runs(), runs + (tuning ? 1 : 0));
+    return y;
+  };
+  const Tensor heuristic = plan_and_run(false, true);
+  EXPECT_LE(testing::relative_error(heuristic, linear(x_cpu, w_cpu)), testing::tolerance(dtype()));
+  EXPECT_LE(testing::relative_error(plan_and_run(true, true), heuristic), 0.0) << "deterministic: the same bits";
+  EXPECT_LE(testing::relative_error(plan_and_run(true, false), heuristic), testing::tolerance(dtype()));
 }
 
 // Below a GFLOP, and in f32, the heuristic's first choice stands untimed.

@@ -195,10 +195,11 @@ void set_allow_tf32(bool allow);
 bool allow_tf32();
 
 // Whether CUDA kernels must give the same bits on every run (on by default; process-wide). It matters for the
-// flash attention backward: deterministic, each key block writes its dQ part to an f32 buffer
-// ([key blocks, rows, head_dim]) that one kernel sums in a fixed order; otherwise the parts are added with f32
-// atomics (less memory, slightly faster, but the order of the adds, and so the low bits, vary between runs,
-// which breaks bit-exact resume of training).
+// GEMMs' timed algorithm choice (set_gemm_tuning: only candidates with the heuristic's bits) and for the flash
+// attention backward: deterministic, each key block writes its dQ part to an f32 buffer ([key blocks, rows,
+// head_dim]) that one kernel sums in a fixed order; otherwise the parts are added with f32 atomics (less memory,
+// slightly faster, but the order of the adds, and so the low bits, vary between runs, which breaks bit-exact
+// resume of training). MICROLLM_DETERMINISTIC=0 turns it off (read once, at the first call).
 void set_deterministic_algorithms(bool deterministic);
 bool deterministic_algorithms();
 
@@ -212,7 +213,9 @@ bool decode_gemv();
 // Whether a CUDA matmul of half precision and at least a GFLOP times cuBLASLt's candidate algorithms at the first
 // use of its shape and keeps the fastest (src/backend/cuda/gemm_tuning.h), instead of taking the heuristic's
 // first choice. On by default; MICROLLM_GEMM_TUNING=0 turns it off (read once, at the first call);
-// set_gemm_tuning overrides both (process-wide). A shape keeps the algorithm chosen at its first use.
+// set_gemm_tuning overrides both (process-wide). A shape keeps the algorithm chosen at its first use. Under
+// deterministic_algorithms() only candidates that give the heuristic's choice's bits may be chosen, so results
+// do not depend on which one won the timing in this process.
 void set_gemm_tuning(bool enabled);
 bool gemm_tuning();
 

@@ -33,6 +33,13 @@ __global__ void fill_uniform(T* __restrict__ out, int64_t n, uint32_t seed) {
   }
 }
 
+// flag = 1 when the 16-bit words of x and y differ anywhere.
+__global__ void any_difference(const uint16_t* __restrict__ x, const uint16_t* __restrict__ y, int64_t n, int* flag) {
+  MICROLLM_GRID_STRIDE_LOOP(i, n) {
+    if (x[i] != y[i]) *flag = 1;
+  }
+}
+
 // A non-blocking stream of each device for the timing runs: work on it neither waits for the legacy stream
 // nor is recorded by a capture on another stream. Created on first use and kept (leaked, as the handles are).
 cudaStream_t tuning_stream(int device) {
@@ -80,6 +87,19 @@ void fill(void* p, size_t bytes, uint32_t seed, cudaStream_t stream) {
   MICROLLM_CUDA_CHECK_LAUNCH();
 }
 
+// Whether the bytes of x and y are the same (16-bit words; the caller's stream is synchronized).
+bool same_output(const void* x, const void* y, size_t bytes, int* differs, cudaStream_t stream) {
+  const auto n = static_cast<int64_t>(bytes / sizeof(uint16_t));
+  MICROLLM_CUDA_CHECK(cudaMemsetAsync(differs, 0, sizeof(int), stream));
+  any_difference<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(y),
+                                                       n, differs);
+  MICROLLM_CUDA_CHECK_LAUNCH();
+  int host = 0;
+  MICROLLM_CUDA_CHECK(cudaMemcpyAsync(&host, differs, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  MICROLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host == 0;
+}
+
 }  // namespace
 
 int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtMatmulAlgo_t* candidates, int count,
@@ -91,7 +111,9 @@ int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtM
   void* b = a ? scratch.take(gemm.b_bytes) : nullptr;
   void* c = b ? scratch.take(gemm.c_bytes) : nullptr;
   void* workspace = c ? scratch.take(kCublasLtWorkspaceBytes) : nullptr;
-  if (!workspace) return 0;
+  void* reference = workspace && gemm.same_bits ? scratch.take(gemm.c_bytes) : nullptr;  // candidate 0's output
+  int* differs = workspace ? static_cast<int*>(scratch.take(sizeof(int))) : nullptr;
+  if (!differs || (gemm.same_bits && !reference)) return 0;
   g_tuning_runs.fetch_add(1, std::memory_order_relaxed);
   const bool bf16 = gemm.dtype == DType::bf16;
   for (auto [p, bytes, seed] : {std::tuple{a, gemm.a_bytes, 1u}, {b, gemm.b_bytes, 2u}, {c, gemm.c_bytes, 3u}}) {
@@ -128,7 +150,15 @@ int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtM
       MICROLLM_CUDA_CHECK(cudaEventSynchronize(end));
       float ms = 0.f;
       MICROLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
-      if (ran) best[i] = std::min(best[i], ms);
+      if (!ran) continue;
+      if (gemm.same_bits && round == 0) {  // c holds candidate i's output: keep 0's, compare the others' to it
+        if (i == 0) {
+          MICROLLM_CUDA_CHECK(cudaMemcpyAsync(reference, c, gemm.c_bytes, cudaMemcpyDeviceToDevice, stream));
+        } else if (!same_output(c, reference, gemm.c_bytes, differs, stream)) {
+          continue;  // never timed again: it stays kFailed
+        }
+      }
+      best[i] = std::min(best[i], ms);
     }
   }
   MICROLLM_CUDA_CHECK(cudaGetLastError());

@@ -5,7 +5,8 @@
 // on the host where not. bf16/f16 accumulate in f32, f32 in f32 (TF32 only with set_allow_tf32), f64 in
 // f64. Plans (descriptors, layouts, the algorithm) are cached per problem; a problem that cuBLASLt refuses
 // runs a plain fallback kernel instead. The algorithm is the heuristic's first choice, except for large bf16 / f16
-// problems, which time the heuristic's first kTuningCandidates once and keep the fastest (gemm_tuning.h). Linear layers
+// problems, which time the heuristic's first kTuningCandidates once and keep the fastest (gemm_tuning.h; under
+// deterministic_algorithms(), the fastest of those that give the first's bits). Linear layers
 // of decode size (m <= 8 rows, bf16/f16) run the GEMV of gemv.cu instead of cuBLASLt.
 #include <array>
 #include <climits>
@@ -168,6 +169,16 @@ PlanCache& plan_cache(int device) {
   MICROLLM_CHECK(device >= 0 && device < kMaxDevices, DeviceError, "matmul", "device index ", device, " out of range");
   return (*caches)[static_cast<size_t>(device)];
 }
+
+}  // namespace
+
+void clear_matmul_plans(int device) {
+  PlanCache& cache = plan_cache(device);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.plans.clear();
+}
+
+namespace {
 
 cudaDataType_t cuda_data_type(DType dtype) {
   switch (dtype) {
@@ -428,7 +439,8 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
                          static_cast<size_t>(key.ld_a * key.cols_a * es),
                          static_cast<size_t>(key.ld_b * key.cols_b * es),
                          static_cast<size_t>(key.m * key.n * es),
-                         key.dtype};
+                         key.dtype,
+                         deterministic_algorithms()};
     plan.algo = plan.candidates[fastest_algo(handle, gemm, plan.candidates.data(), plan.untimed, launch.device)];
     plan.untimed = 0;
   }
