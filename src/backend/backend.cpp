@@ -58,6 +58,8 @@ bool gemm_tuning() { return gemm_tuning_flag().load(std::memory_order_relaxed); 
 void set_flash_wgmma(bool enabled) { flash_wgmma_flag().store(enabled, std::memory_order_relaxed); }
 bool flash_wgmma() { return flash_wgmma_flag().load(std::memory_order_relaxed); }
 
+bool Backend::folds_rms_norm_linear(int64_t, const Tensor&, bool) const { return false; }
+
 void Backend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                               const Tensor& h_out) {
@@ -65,12 +67,12 @@ void Backend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Ten
   const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
   if (!swiglu) {
-    matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, out);
+    matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
     return;
   }
   const int64_t n = out.size(1);
   const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
-  matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, gate_up);
+  matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
   this->swiglu(gate_up.narrow(1, 0, n), gate_up.narrow(1, n, n), out);
 }
 

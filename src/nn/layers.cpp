@@ -32,8 +32,12 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Initializer
   if (bias) bias_ = &register_parameter("bias", Initializer::zeros({out_features}), /*weight_decay=*/false);
 }
 
-Variable Linear::forward(const Variable& x, const ForwardContext& ctx) const {
-  return ag::linear(x, as_compute(*weight_, ctx), bias_ ? as_compute(*bias_, ctx) : Variable());
+Variable Linear::forward(const Variable& x, const ForwardContext& ctx, const Tensor& addend) const {
+  if (!addend.defined()) return ag::linear(x, as_compute(*weight_, ctx), bias_ ? as_compute(*bias_, ctx) : Variable());
+  MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "linear",
+                 "an addend (the residual in the epilogue) is for inference: use a NoGradGuard");
+  return Variable(linear_add(x.value(), as_compute(*weight_, ctx).value(),
+                             bias_ ? as_compute(*bias_, ctx).value() : Tensor(), addend));
 }
 
 void FusedProjections::fuse() {
@@ -146,15 +150,16 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   return attend(q, k, v, Tensor(), ctx);
 }
 
-Variable Attention::forward_qkv(const Tensor& qkv, const ForwardContext& ctx) const {
+Variable Attention::forward_qkv(const Tensor& qkv, const ForwardContext& ctx, const Tensor& residual) const {
   const int64_t batch = qkv.size(0), tokens = qkv.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
   return attend(Variable(qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d})),
                 Variable(qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d})),
-                Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d})), qkv, ctx);
+                Variable(qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d})), qkv, ctx, residual);
 }
 
-Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx) const {
+Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx,
+                           const Tensor& residual) const {
   const int64_t batch = q.size(0), tokens = q.size(1), d = config_.head_dim;
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
   if (q_norm_) {
@@ -162,9 +167,9 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
     k = k_norm_->forward(k, ctx);
   }
   if (ctx.paged && ctx.paged->chunk_start < 0) {  // decode: rotary, cache write and attention in one op
-    return o_proj_->forward(Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged)), ctx);
+    return o_proj_->forward(Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged)), ctx, residual);
   }
-  if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), ctx)), ctx);
+  if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), ctx)), ctx, residual);
   if (qkv.defined() && !q_norm_) {  // q and k heads are adjacent in the fused output: one rotary call turns both
     const Tensor qk = rope(qkv.narrow(2, 0, (hq + hkv) * d).view({batch, tokens, hq + hkv, d}), ctx.positions,
                            config_.rope);
@@ -185,7 +190,7 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
   }
   Variable out = ag::attention(ag::transpose(q, 1, 2), keys, values, params, ctx.attention_mask);  // [B, Hq, T, D]
   out = ag::reshape(ag::transpose(out, 1, 2), {batch, tokens, config_.num_heads * d});
-  return o_proj_->forward(out, ctx);
+  return o_proj_->forward(out, ctx, residual);
 }
 
 // q [B, 1, Hq, D], k and v [B, 1, Hkv, D] before the rotary embedding, one new token per sequence ->
@@ -233,8 +238,8 @@ Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init) {
   gate_up_ = FusedProjections({gate_proj_, up_proj_});
 }
 
-Variable Mlp::down(const Variable& activation, const ForwardContext& ctx) const {
-  return down_proj_->forward(activation, ctx);
+Variable Mlp::down(const Variable& activation, const ForwardContext& ctx, const Tensor& residual) const {
+  return down_proj_->forward(activation, ctx, residual);
 }
 
 Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
@@ -256,7 +261,7 @@ DecoderLayer::DecoderLayer(const AttentionConfig& attention, int64_t intermediat
 
 Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) const {
   auto [mlp_out, h] = forward_unsummed(x, Variable(), ctx);
-  return ag::add(h, mlp_out);
+  return h.defined() ? ag::add(h, mlp_out) : mlp_out;  // forward_fused added h in the down projection
 }
 
 std::pair<Variable, Variable> DecoderLayer::forward_fused(const Variable& x, const Variable& residual,
@@ -264,15 +269,23 @@ std::pair<Variable, Variable> DecoderLayer::forward_fused(const Variable& x, con
   const FusedProjections::Joined qkv = self_attn_->qkv_projections().joined(ctx);
   const FusedProjections::Joined gate_up = mlp_->gate_up_projections().joined(ctx);
   if (!qkv.weight.defined() || !gate_up.weight.defined() || gate_up.bias.defined()) return {};
-  // stream: the residual stream entering the layer (residual + x); h: after the attention's residual add.
+  // The residual adds ride in the epilogue of the projection before them (o, down: linear_add), so that the
+  // RMSNorm after reads one tensor instead of two, except the attention's where the backend folds the MLP's
+  // RMSNorm into gate_up's kernel (CUDA's decode GEMV, which then adds it while it stages its input). Measured on
+  // the H200 (docs/perf/inference.md): the MLP's add in down's epilogue made batch-1 decode 1-3% faster for
+  // both models; the attention's in o's epilogue made Qwen2.5-0.5B's (folded gate_up) 1-2% slower.
+  const int64_t rows = x.value().numel() / x.size(-1);
+  const bool add_in_o = !rms_norm_linear_folds(rows, gate_up.weight, /*swiglu=*/true);
+  // stream: the residual stream entering the layer (residual + x; x itself after a fused layer, which adds it);
+  // h: after the attention's residual add.
   const Tensor res = residual.defined() ? residual.value() : Tensor();
   const auto [qkv_out, stream] = rms_norm_linear(x.value(), res, input_layernorm_->weight_for(ctx),
                                                  input_layernorm_->eps(), qkv.weight, qkv.bias, /*swiglu=*/false);
-  const Variable attn = self_attn_->forward_qkv(qkv_out, ctx);
-  const auto [activation, h] = rms_norm_linear(attn.value(), stream, post_attention_layernorm_->weight_for(ctx),
-                                               post_attention_layernorm_->eps(), gate_up.weight, Tensor(),
-                                               /*swiglu=*/true);
-  return {mlp_->down(Variable(activation), ctx), Variable(h)};
+  const Tensor attn = self_attn_->forward_qkv(qkv_out, ctx, add_in_o ? stream : Tensor()).value();
+  const auto [activation, h] =
+      rms_norm_linear(attn, add_in_o ? Tensor() : stream, post_attention_layernorm_->weight_for(ctx),
+                      post_attention_layernorm_->eps(), gate_up.weight, Tensor(), /*swiglu=*/true);
+  return {mlp_->down(Variable(activation), ctx, h), Variable()};
 }
 
 std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, const Variable& residual,

@@ -172,12 +172,13 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
       return Variable(embedding(v.value().reshape({tokens, width}), ctx.last_row).reshape({1, 1, width}));
     };
     delta = row(delta);
-    residual = row(residual);
+    if (residual.defined()) residual = row(residual);
   } else if (ctx.last_logits_only && tokens > 1) {  // generation needs no more
     delta = ag::narrow(delta, 1, tokens - 1, 1);
-    residual = ag::narrow(residual, 1, tokens - 1, 1);
+    if (residual.defined()) residual = ag::narrow(residual, 1, tokens - 1, 1);
   }
-  Variable h = norm_->forward_residual(delta, residual, ctx).first;
+  // No residual after fused layers: they add it in their last projection (DecoderLayer::forward_unsummed).
+  Variable h = residual.defined() ? norm_->forward_residual(delta, residual, ctx).first : norm_->forward(delta, ctx);
   if (ctx.cache) ctx.cache->advance(tokens);
   if (lm_head_) return lm_head_->forward(h, ctx);
   return ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied head

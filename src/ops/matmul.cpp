@@ -46,7 +46,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   Tensor out = Tensor::empty(with_matrix(batch, m, n), a.dtype(), a.device());
   const Tensor a_full = a.expand(with_matrix(batch, a.size(-2), a.size(-1)));
   const Tensor b_full = b.expand(with_matrix(batch, b.size(-2), b.size(-1)));
-  backend_for(a.device()).matmul(a_full, b_full, transpose_a, transpose_b, Tensor(), out);
+  backend_for(a.device()).matmul(a_full, b_full, transpose_a, transpose_b, Tensor(), Tensor(), out);
   return out;
 }
 
@@ -62,6 +62,10 @@ MatmulGrads matmul_backward(const Tensor& a, const Tensor& b, const Tensor& grad
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_add(x, weight, bias, Tensor());
+}
+
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& addend) {
   checks::floating("linear", x, "input");
   checks::rank("linear", weight, "weight", 2);
   checks::same_dtype("linear", x, "input", weight, "weight");
@@ -76,10 +80,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     checks::same_dtype("linear", x, "input", bias, "bias");
     checks::same_device("linear", x, "input", bias, "bias");
   }
-  // [N, in] @ [out, in]^T (+ bias, fused into the matmul's epilogue)
+  Tensor addend2;  // [N, out] contiguous
+  if (addend.defined()) {
+    MICROLLM_CHECK(addend.shape() == out_shape, ShapeError, "linear", "addend shape ", addend.shape(),
+                   " does not match the output shape ", out_shape);
+    checks::same_dtype("linear", x, "input", addend, "addend");
+    checks::same_device("linear", x, "input", addend, "addend");
+    addend2 = addend.contiguous().view({-1, weight.size(0)});
+  }
+  // [N, in] @ [out, in]^T (+ bias) (+ addend), both added in the matmul's epilogue
   const Tensor x2 = as_matrix(x, x.size(-1));
   Tensor y = Tensor::empty({x2.size(0), weight.size(0)}, x.dtype(), x.device());
-  backend_for(x.device()).matmul(x2, weight, false, true, bias, y);
+  backend_for(x.device()).matmul(x2, weight, false, true, bias, addend2, y);
   return y.view(out_shape);
 }
 

@@ -53,4 +53,8 @@ NormLinearResult rms_norm_linear(const Tensor& x, const Tensor& residual, const 
   return result;
 }
 
+bool rms_norm_linear_folds(int64_t rows, const Tensor& weight, bool swiglu) {
+  return backend_for(weight.device()).folds_rms_norm_linear(rows, weight, swiglu);
+}
+
 }  // namespace microllm

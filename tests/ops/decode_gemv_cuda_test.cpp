@@ -1,8 +1,8 @@
 // The decode GEMV (src/backend/cuda/gemv.cu): out = x @ w^T (+ bias) for m <= 8 rows, bf16/f16, against the
 // CPU reference on fresh random inputs (odd m, k and n, a row-strided x, NaN-poisoned outputs with a guard
 // band after them), against cuBLASLt (decode_gemv() off) at the projections of Qwen2.5-0.5B and
-// DeepSeek-R1-Distill-Qwen-1.5B, with the RMSNorm and SwiGLU folded in, inside a CUDA graph, and the m = 9
-// hand-over to cuBLASLt. Skips without a GPU.
+// DeepSeek-R1-Distill-Qwen-1.5B, with the RMSNorm and SwiGLU folded in, with linear_add's addend, inside a CUDA
+// graph, and the m = 9 hand-over to cuBLASLt. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef MICROLLM_WITH_CUDA
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/gemv.h"
@@ -129,6 +130,33 @@ TEST_P(DecodeGemvCudaTest, AgreesWithCublasLtAtTheModelShapes) {
   }
 }
 
+// The residual added in the epilogue (linear_add's addend: a decode layer's o and down projections), called
+// directly so that a refusal fails here: against the CPU's linear_add, nothing written past the output, and
+// against cuBLASLt's beta = 1 (GEMV off) through linear_add.
+TEST_P(DecodeGemvCudaTest, AddsTheAddendBeforeItsRounding) {
+  const GemvSetting on(true);
+  for (int64_t m : {1, 2, 8}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{896, 896}, {896, 4864}, {1536, 1536}, {129, 200}}) {
+      SCOPED_TRACE(str_cat("m ", m, " n ", n, " k ", k));
+      const Tensor x_cpu = rand({m, k}), w_cpu = random_tensor({n, k}, dtype(), Device::cpu(), -0.05, 0.05);
+      const Tensor addend_cpu = rand({m, n}), bias_cpu = rand({n});
+      const Tensor x = x_cpu.to(kGpu), w = w_cpu.to(kGpu), addend = addend_cpu.to(kGpu), bias = bias_cpu.to(kGpu);
+      const PoisonedOut out(m, n, dtype());
+      ASSERT_TRUE(cuda_kernels::try_decode_gemv(x, w, bias.data_ptr(), 1, out.out,
+                                                static_cast<cudaStream_t>(cuda::current_stream(0).handle()), nullptr,
+                                                false, nullptr, addend.data_ptr()));
+      cuda::synchronize(0);
+      const Tensor ref = linear_add(x_cpu, w_cpu, bias_cpu, addend_cpu);
+      const Tensor gemv = out.out.to(Device::cpu());
+      EXPECT_LE(testing::relative_error(gemv, ref), tol()) << "GEMV vs CPU";
+      EXPECT_TRUE(out.guard_intact()) << "the GEMV wrote past its output";
+      const GemvSetting off(false);
+      EXPECT_LE(testing::relative_error(linear_add(x, w, bias, addend).to(Device::cpu()), gemv), tol())
+          << "GEMV vs cuBLASLt";
+    }
+  }
+}
+
 // The RMSNorm (with and without the residual add) and SwiGLU folded into the GEMV, called directly (so a case
 // it refused fails here): out against the CPU's separate ops, h bit-identical, nothing written past either.
 TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
@@ -196,7 +224,7 @@ TEST_P(DecodeGemvCudaTest, NineRowsGoToCublasLt) {
   EXPECT_TRUE(std::isnan(testing::host_values(refused.out.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()))[0]))
       << "a refused call must launch nothing";
   const PoisonedOut out(9, 1152, dtype());
-  backend_for(kGpu).matmul(x, w, false, true, bias, out.out);
+  backend_for(kGpu).matmul(x, w, false, true, bias, Tensor(), out.out);
   EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), linear(x_cpu, w_cpu, bias_cpu)), tol());
   EXPECT_TRUE(out.guard_intact());
 }

@@ -1,5 +1,5 @@
-// Matmul and Linear: every transpose flag, strided and sliced operands (the BLAS-in-place and the packing
-// paths), broadcast batches, K = 0, narrow dtypes against an f64 reference, contract errors, and f64
+// Matmul, Linear and linear_add: every transpose flag, strided and sliced operands (the BLAS-in-place and the
+// packing paths), broadcast batches, K = 0, narrow dtypes against an f64 reference, contract errors, and f64
 // finite-difference gradients.
 #include "microllm/ops/matmul.h"
 
@@ -323,6 +323,58 @@ TEST_P(MatmulTest, LinearMatchesReference) {
   const Tensor v = random_tensor({3}, DType::f32, device());
   EXPECT_EQ(linear(v, w).shape(), (Shape{4}));
   MICROLLM_EXPECT_CLOSE(linear(v, w), reference_matmul(v.view({1, 3}), w, false, true), tolerance(DType::f32));
+}
+
+// linear_add: addend + x @ w^T (+ bias), one rounding, against an f64 reference; decode-sized rows (the CUDA
+// GEMV's epilogue) and larger ones (cuBLASLt's beta = 1), strided inputs and addends, K = 0, contract errors.
+TEST_P(MatmulTest, LinearAddMatchesReference) {
+  for (DType dtype : kFloatTypes) {
+    for (int64_t rows : {1, 6, 67}) {
+      for (int64_t in : {int64_t{0}, int64_t{64}}) {
+        const int64_t out = 48;
+        const Tensor x = random_tensor({rows, in}, dtype, device());
+        const Tensor weight = random_tensor({out, in}, dtype, device());
+        const Tensor bias = random_tensor({out}, dtype, device());
+        const Tensor addend_storage = random_tensor({out, rows}, dtype, device());
+        for (bool strided_addend : {false, true}) {
+          // A transposed view as the addend: linear_add makes it contiguous, the values are the same.
+          const Tensor addend =
+              strided_addend ? addend_storage.transpose(0, 1) : addend_storage.transpose(0, 1).contiguous();
+          const std::vector<double> xv = host_values(x), wv = host_values(weight), bv = host_values(bias);
+          const std::vector<double> av = host_values(addend);
+          for (bool with_bias : {false, true}) {
+            SCOPED_TRACE(str_cat(dtype, " rows ", rows, " in ", in, with_bias ? " bias" : "",
+                                 strided_addend ? " strided addend" : ""));
+            const Tensor y = linear_add(x, weight, with_bias ? bias : Tensor(), addend);
+            ASSERT_EQ(y.shape(), (Shape{rows, out}));
+            ASSERT_EQ(y.dtype(), dtype);
+            std::vector<double> ref;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t o = 0; o < out; ++o) {
+                double acc = av[static_cast<size_t>(r * out + o)] + (with_bias ? bv[static_cast<size_t>(o)] : 0.0);
+                for (int64_t i = 0; i < in; ++i)
+                  acc += xv[static_cast<size_t>(r * in + i)] * wv[static_cast<size_t>(o * in + i)];
+                ref.push_back(acc);
+              }
+            }
+            MICROLLM_EXPECT_CLOSE(y, ref, tolerance(dtype));
+          }
+        }
+      }
+    }
+  }
+  const Tensor x = random_tensor({2, 7}, DType::f32, device());
+  const Tensor w = random_tensor({5, 7}, DType::f32, device());
+  expect_error<ShapeError>(
+      [&] {
+        linear_add(x, w, Tensor(), random_tensor({2, 4}, DType::f32, device()));
+      },
+      "linear", {"addend", "[2, 4]", "[2, 5]"});
+  expect_error<DTypeError>(
+      [&] {
+        linear_add(x, w, Tensor(), random_tensor({2, 5}, DType::f64, device()));
+      },
+      "linear", {"addend"});
 }
 
 TEST_P(MatmulTest, LinearWithZeroFeatures) {

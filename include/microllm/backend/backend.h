@@ -60,10 +60,11 @@ class Backend {
   virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) = 0;
 
   // ---- matmul (matmul.*) ----
-  // out[b] = op(a[b]) @ op(b[b]) (+ bias); a, b are [batch..., rows, cols] expanded to out's batch dims;
-  // bias (may be undefined) is [N], added to every row (the epilogue of Linear).
+  // out[b] = op(a[b]) @ op(b[b]) (+ bias) (+ addend[b]), rounded once; a, b are [batch..., rows, cols] expanded
+  // to out's batch dims; bias (may be undefined) is [N], added to every row (the epilogue of Linear); addend (may
+  // be undefined) is contiguous in out's shape (the residual add of linear_add).
   virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
-                      const Tensor& out) = 0;
+                      const Tensor& addend, const Tensor& out) = 0;
 
   // ---- normalization (norm.*) ----
   // h = round(x (+ residual)); out = round(weight * round(h * rsqrt(mean(h^2) + eps))) with round() to
@@ -80,6 +81,9 @@ class Backend {
   virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                const Tensor& h_out);
+  // Whether rms_norm_linear over `rows` rows with this weight runs as one kernel (CUDA's decode GEMV): then a
+  // residual added there costs nothing extra. The default composition never folds.
+  virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const;
 
   // ---- rotary embedding (rope.*) ----
   // x is [B, T, H, D]; positions [B, T] (i32/i64; may be a stride-0 expanded view of [T]). inverse

@@ -51,7 +51,9 @@ class Initializer {
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init);
-  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  // x @ weight^T (+ bias); with an addend (inference only, x's shape but out_features wide), the sum addend +
+  // x @ weight^T (+ bias) rounded once (ops linear_add): a residual add in the GEMM's epilogue.
+  Variable forward(const Variable& x, const ForwardContext& ctx, const Tensor& addend = Tensor()) const;
   Variable& weight() { return *weight_; }
   Variable* bias() const { return bias_; }  // null without one
 
@@ -123,12 +125,15 @@ class Attention : public Module {
   // Inference: q/k/v in one GEMM (see FusedProjections).
   void fuse_projections() { qkv_.fuse(); }
   const FusedProjections& qkv_projections() const { return qkv_; }
-  // The rest of forward() from the fused projections' output qkv [B, T, (Hq + 2 Hkv) D] (inference).
-  Variable forward_qkv(const Tensor& qkv, const ForwardContext& ctx) const;
+  // The rest of forward() from the fused projections' output qkv [B, T, (Hq + 2 Hkv) D] (inference); with a
+  // residual [B, T, hidden], residual + forward() (the add in the o projection's epilogue).
+  Variable forward_qkv(const Tensor& qkv, const ForwardContext& ctx, const Tensor& residual = Tensor()) const;
 
  private:
-  // forward() after the projections; qkv: their fused output when there is one (undefined in training).
-  Variable attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx) const;
+  // forward() after the projections; qkv: their fused output when there is one (undefined in training);
+  // residual: as forward_qkv's.
+  Variable attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx,
+                  const Tensor& residual = Tensor()) const;
   // The paged cache's two cases, both from q, k, v before the rotary embedding: a decode step (rotary, cache
   // write and attention in one op) and a prefill chunk (rotary and cache write in one op, then attention).
   Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
@@ -147,7 +152,8 @@ class Mlp : public Module {
   Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
   void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up in one GEMM
   const FusedProjections& gate_up_projections() const { return gate_up_; }
-  Variable down(const Variable& activation, const ForwardContext& ctx) const;  // down_proj
+  // down_proj (+ residual in its epilogue, inference: Linear::forward's addend)
+  Variable down(const Variable& activation, const ForwardContext& ctx, const Tensor& residual = Tensor()) const;
 
  private:
   Linear *gate_proj_, *up_proj_, *down_proj_;
@@ -162,7 +168,8 @@ class DecoderLayer : public Module {
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   // The same layer with the residual adds left to the caller, so each meets the next RMSNorm in one fused
   // kernel: the layer's input is residual + x (just x when residual is undefined); returns (mlp output, h)
-  // whose sum is forward()'s output.
+  // whose sum is forward()'s output. At inference with fused projections (forward_fused) the MLP's add rides
+  // in the down projection's epilogue instead: it returns (the layer's output, undefined).
   std::pair<Variable, Variable> forward_unsummed(const Variable& x, const Variable& residual,
                                                  const ForwardContext& ctx) const;
   void fuse_projections() {
@@ -172,8 +179,10 @@ class DecoderLayer : public Module {
 
  private:
   // forward_unsummed at inference with fused projections: each RMSNorm and the projections after it are one
-  // op (ops/norm_linear.h), SwiGLU included, so a CUDA decode layer is five kernels. Undefined results when
-  // the fused weights are not there (then the general path runs).
+  // op (ops/norm_linear.h), SwiGLU included, so a CUDA decode layer is five kernels; the residual adds ride in
+  // the projection before them (o, down: linear_add, one rounding where Hugging Face rounds twice), except the
+  // attention's where the backend folds the MLP's RMSNorm into one kernel with gate_up (then there). Undefined
+  // results when the fused weights are not there (then the general path runs).
   std::pair<Variable, Variable> forward_fused(const Variable& x, const Variable& residual,
                                               const ForwardContext& ctx) const;
   RMSNorm *input_layernorm_, *post_attention_layernorm_;

@@ -78,7 +78,8 @@ class TransformerLM : public Module {
 
  private:
   // The embedding and every layer: the residual stream as (delta, residual), each sum left to the next
-  // RMSNorm kernel; fills in ctx.positions when unset.
+  // RMSNorm kernel (residual undefined after layers that add it in their projections' epilogues:
+  // DecoderLayer::forward_unsummed); fills in ctx.positions when unset.
   std::pair<Variable, Variable> run_layers(const Tensor& ids, ForwardContext& ctx) const;
 
   TransformerConfig config_;

@@ -19,6 +19,10 @@ MatmulGrads matmul_backward(const Tensor& a, const Tensor& b, const Tensor& grad
 
 // y = x @ weight^T (+ bias): the Linear layer, weight [out_features, in_features].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// y = addend + x @ weight^T (+ bias), summed in f32 (f64 for f64) and rounded once: a decoder layer's residual
+// add in the projection's epilogue (a prefill's o and down projections), where Hugging Face rounds the product
+// and then the sum. addend has y's shape and dtype; undefined: linear.
+Tensor linear_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& addend);
 struct LinearGrads {
   Tensor grad_x;
   Tensor grad_weight;

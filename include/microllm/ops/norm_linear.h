@@ -22,4 +22,9 @@ struct NormLinearResult {
 NormLinearResult rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                  const Tensor& weight, const Tensor& bias, bool swiglu);
 
+// Whether rms_norm_linear over `rows` rows of input with this weight runs as one kernel on weight's device
+// (CUDA's decode GEMV folds the RMSNorm, the residual add and SwiGLU): where it does, a residual add belongs
+// there; elsewhere in the projection before it (linear_add, ops/matmul.h).
+bool rms_norm_linear_folds(int64_t rows, const Tensor& weight, bool swiglu);
+
 }  // namespace microllm

@@ -24,7 +24,7 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) override;
 
   void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
-              const Tensor& out) override;
+              const Tensor& addend, const Tensor& out) override;
 
   void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
                 const Tensor& h_out, const Tensor& rstd_out) override;

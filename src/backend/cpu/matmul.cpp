@@ -106,7 +106,10 @@ void pack(const T* data, int64_t rows, int64_t cols, int64_t s0, int64_t s1, std
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
-                        const Tensor& out) {
+                        const Tensor& addend, const Tensor& out) {
+  MICROLLM_CHECK(!addend.defined() || (addend.is_contiguous() && addend.shape() == out.shape()), ValueError, "matmul",
+                 "the addend must be contiguous in the output's shape ", out.shape(), ", got ", addend.shape(),
+                 " strides ", addend.strides());
   cpu::visit_float(a.dtype(), "matmul", [&]<typename T>() {
     using A = cpu::acc_t<T>;
     const int rank = out.dim();
@@ -126,6 +129,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool
     const T* a_base = static_cast<const T*>(a.data_ptr());
     const T* b_base = static_cast<const T*>(b.data_ptr());
     T* out_base = static_cast<T*>(out.data_ptr());
+    const T* addend_base = addend.defined() ? static_cast<const T*>(addend.data_ptr()) : nullptr;
     for (int64_t batch = 0; batch < batches; ++batch) {
       // Offsets of this batch entry in each operand (batch dims of a and b are already expanded).
       int64_t a_off = 0, b_off = 0, rest = batch;
@@ -159,9 +163,13 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool
         product = result.data();
       }
       blocked_gemm<A>(ma.transposed, mb.transposed, m, n, k, ma.data, ma.ld, mb.data, mb.ld, product, n);
-      if (!bias_values.empty()) {  // the epilogue: one rounding for product + bias
+      if (!bias_values.empty()) {  // the epilogue: one rounding for product + bias (+ addend)
         for (int64_t r = 0; r < m; ++r)
           for (int64_t j = 0; j < n; ++j) product[r * n + j] += bias_values[static_cast<size_t>(j)];
+      }
+      if (addend_base) {
+        const T* add = addend_base + batch * m * n;
+        for (int64_t i = 0; i < m * n; ++i) product[i] += cpu::load(add + i);
       }
       if (!c_in_place) {
         for (int64_t i = 0; i < m * n; ++i) cpu::store(c + i, result[static_cast<size_t>(i)]);

@@ -27,7 +27,7 @@ class CudaBackend final : public Backend {
   void embedding_backward(const Tensor& grad_out, const Tensor& ids, const Tensor& grad_weight) override;
 
   void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
-              const Tensor& out) override;
+              const Tensor& addend, const Tensor& out) override;
 
   void rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& out,
                 const Tensor& h_out, const Tensor& rstd_out) override;
@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
                           const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                           const Tensor& grad_v) override;
 
+  bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const override;
   void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                        const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                        const Tensor& h_out) override;

@@ -32,7 +32,7 @@
 //    at 8 the folded gate_up streams whole rows per warp (split 1: half the CTAs, each normalizing x once) and
 //    its CTAs leave room on each SM for the down projection's CTAs to start early (chained launches), while
 //    down keeps split 16.
-// 4. Rounds once: out = round(acc + bias) in f32, like cuBLASLt's bias epilogue.
+// 4. Rounds once: out = round(acc + bias (+ addend)) in f32, like cuBLASLt's epilogue (bias; beta = 1).
 // 5. Launches chained (common.cuh) in decode graphs: the ring's first chunks (and the norm weight) stream in
 //    before the kernel waits for the one before it.
 //
@@ -88,7 +88,8 @@ struct GemvArgs {
   int64_t w_stride;
   const void* bias;  // may be null
   int64_t bias_stride;
-  void* out;  // [m, n] contiguous
+  void* out;           // [m, n] contiguous
+  const void* addend;  // [m, n] contiguous, may be null: added to the product before its one rounding
   int m, n, k;
   int split, chunks_per_warp;
   // RMSNorm folded in (kNorm): h = x + residual (residual may be null), normalized with norm_weight [k].
@@ -215,6 +216,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   wait_for_prior_grids();
   chain_next_grids();
   if constexpr (kNorm) stage_normalized_x(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
+  // The addend of this thread's first output element (the epilogue's e = threadIdx.x), loaded now so that its
+  // L2 round trip overlaps the stream instead of lengthening the epilogue.
+  const T* addend = static_cast<const T*>(a.addend);
+  auto addend_at = [&](int b, int64_t col) { return to_acc(addend[b * static_cast<int64_t>(a.n) + col]); };
+  float first_addend = 0.f;
+  if (!kSwiGLU && addend && static_cast<int>(threadIdx.x) < out_groups * kTile) {
+    const int e = static_cast<int>(threadIdx.x), b = e % kTile / kGroupRows;
+    const int64_t col = (group0 + e / kTile) * kGroupRows + e % kGroupRows;
+    if (b < a.m && col < a.n) first_addend = addend_at(b, col);
+  }
 
   // Two accumulators, one per mma of a chunk: each mma waits for the one a chunk back, not for the one just
   // before it (one chain of 2 x chunks dependent mma was the warp's critical path).
@@ -258,6 +269,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
       y = gate * math::sigmoid(gate) * up;
     } else {
       y = acc[0] + (a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.0f);
+      if (addend) y += e == static_cast<int>(threadIdx.x) ? first_addend : addend_at(b, col);
     }
     out[b * static_cast<int64_t>(a.n) + col] = from_acc<T>(y);
   }
@@ -295,13 +307,13 @@ bool rows_of_packs(const Tensor& t, int64_t rows) {
 }  // namespace
 
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream, const GemvNorm* norm, bool swiglu, const char* scope) {
+                     cudaStream_t stream, const GemvNorm* norm, bool swiglu, const char* scope, const void* addend) {
   const DType dtype = out.dtype();
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   if (x.dim() != 2 || w.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || w.dtype() != dtype) return false;
   const int64_t m = x.size(0), k = x.size(1), n = swiglu ? w.size(0) / 2 : w.size(0);
   if (m < 1 || m > kGemvMaxRows || k < 1 || k % 8 != 0 || w.size(1) != k || n < 1) return false;
-  if (swiglu && (bias != nullptr || w.size(0) % 2 != 0)) return false;
+  if (swiglu && (bias != nullptr || addend != nullptr || w.size(0) % 2 != 0)) return false;
   const bool folded = norm != nullptr || swiglu;
   if (w.numel() * static_cast<int64_t>(w.element_size()) > (folded ? kMaxFoldedBytes : kMaxPlainBytes)) return false;
   if (folded && m > kMaxFoldedRows) return false;
@@ -339,6 +351,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   a.bias = bias;
   a.bias_stride = bias_stride;
   a.out = out.data_ptr();
+  a.addend = addend;
   a.m = static_cast<int>(m);
   a.n = static_cast<int>(n);
   a.k = static_cast<int>(k);
@@ -376,6 +389,15 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 }  // namespace microllm::cuda_kernels
 
 namespace microllm {
+
+// The shape conditions of try_decode_gemv's folded case (its layout conditions hold for the model's tensors).
+bool CudaBackend::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
+  using namespace cuda_kernels;
+  const DType dtype = weight.dtype();
+  return decode_gemv() && (dtype == DType::bf16 || dtype == DType::f16) && rows >= 1 && rows <= kMaxFoldedRows &&
+         weight.dim() == 2 && weight.size(1) % 8 == 0 && (!swiglu || weight.size(0) % 2 == 0) &&
+         weight.numel() * static_cast<int64_t>(weight.element_size()) <= kMaxFoldedBytes;
+}
 
 // The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition.
 void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,

@@ -27,10 +27,11 @@ struct GemvNorm {
 // (its tensors of x's dtype, 16-byte aligned rows, m * k small enough to stage). swiglu: w is [2n, k] =
 // [w_gate; w_up], no bias, and out [m, n] = silu(x w_gate^T) * (x w_up^T). scope (may be null: the caller's
 // OpScope covers the call) names an OpScope opened around the launch only, so a declined call times nothing.
-// False: nothing was launched, the caller runs the unfused ops. Launches only (no allocation, no
-// synchronization): safe inside graph capture.
+// addend (may be null; not with swiglu): [m, n] contiguous of out's dtype, added before the one rounding (the
+// residual add of matmul's addend). False: nothing was launched, the caller runs the unfused ops. Launches only
+// (no allocation, no synchronization): safe inside graph capture.
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
                      cudaStream_t stream, const GemvNorm* norm = nullptr, bool swiglu = false,
-                     const char* scope = nullptr);
+                     const char* scope = nullptr, const void* addend = nullptr);
 
 }  // namespace microllm::cuda_kernels

@@ -27,11 +27,15 @@ namespace {
 
 // ---- kernels for what cuBLASLt does not do ----
 
-// out [rows, n] contiguous = bias[j] (or 0): the product of an empty sum (K = 0).
+// out [rows, n] contiguous = bias[j] (or 0) + addend[i] (or 0): the product of an empty sum (K = 0).
 template <typename T>
-__global__ void fill_rows(T* __restrict__ out, const T* __restrict__ bias, int64_t bias_stride, int64_t n,
-                          int64_t total) {
-  MICROLLM_GRID_STRIDE_LOOP(i, total) { out[i] = bias ? bias[(i % n) * bias_stride] : from_acc<T>(acc_t<T>(0)); }
+__global__ void fill_rows(T* __restrict__ out, const T* __restrict__ bias, int64_t bias_stride,
+                          const T* __restrict__ addend, int64_t n, int64_t total) {
+  MICROLLM_GRID_STRIDE_LOOP(i, total) {
+    acc_t<T> v = bias ? to_acc(bias[(i % n) * bias_stride]) : acc_t<T>(0);
+    if (addend) v += to_acc(addend[i]);
+    out[i] = from_acc<T>(v);
+  }
 }
 
 // out [rows, n] contiguous += bias[j], when the bias could not ride in cuBLASLt's epilogue.
@@ -53,7 +57,8 @@ struct FallbackMeta {
 // One thread per output element, an f32 (f64) dot product over k. Only for problems cuBLASLt refuses.
 template <typename T>
 __global__ void matmul_fallback(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ bias,
-                                int64_t bias_stride, T* __restrict__ out, FallbackMeta meta, int64_t total) {
+                                int64_t bias_stride, const T* __restrict__ addend, T* __restrict__ out,
+                                FallbackMeta meta, int64_t total) {
   MICROLLM_GRID_STRIDE_LOOP(idx, total) {
     const int64_t j = idx % meta.n, i = (idx / meta.n) % meta.m;
     int64_t batch = idx / (meta.m * meta.n), a_off = 0, b_off = 0;
@@ -68,6 +73,7 @@ __global__ void matmul_fallback(const T* __restrict__ a, const T* __restrict__ b
     acc_t<T> acc = 0;
     for (int64_t p = 0; p < meta.k; ++p) acc += to_acc(a_row[p * meta.a_p]) * to_acc(b_col[p * meta.b_p]);
     if (bias) acc += to_acc(bias[j * bias_stride]);
+    if (addend) acc += to_acc(addend[idx]);  // out and addend: contiguous, the same shape
     out[idx] = from_acc<T>(acc);
   }
 }
@@ -295,7 +301,7 @@ struct BatchDims {
 
 template <typename T>
 void launch_fallback(const Tensor& a, const Tensor& b, bool ta, bool tb, const T* bias, int64_t bias_stride,
-                     const Tensor& out, cudaStream_t stream) {
+                     const T* addend, const Tensor& out, cudaStream_t stream) {
   FallbackMeta meta{};
   meta.m = out.size(-2);
   meta.n = out.size(-1);
@@ -313,13 +319,13 @@ void launch_fallback(const Tensor& a, const Tensor& b, bool ta, bool tb, const T
   const int64_t total = out.numel();
   matmul_fallback<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(a.data_ptr()),
                                                                static_cast<const T*>(b.data_ptr()), bias, bias_stride,
-                                                               static_cast<T*>(out.data_ptr()), meta, total);
+                                                               addend, static_cast<T*>(out.data_ptr()), meta, total);
   MICROLLM_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const Tensor& bias, const Tensor& out,
-                const Launch& launch) {
+void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const Tensor& bias, const Tensor& addend,
+                const Tensor& out, const Launch& launch) {
   const int64_t m = out.size(-2), n = out.size(-1);
   const int64_t k = ta ? a_in.size(-2) : a_in.size(-1);
   if (out.numel() == 0) return;  // m, n or a batch dim is 0: nothing to write
@@ -327,16 +333,23 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
                  out.strides());
   MICROLLM_CHECK(m < INT_MAX && n < INT_MAX && k < INT_MAX, ShapeError, "matmul", "dims ", m, "x", k, "x", n,
                  " exceed the cuBLASLt int range");
+  MICROLLM_CHECK(!addend.defined() || (addend.is_contiguous() && addend.shape() == out.shape()), ValueError, "matmul",
+                 "the addend must be contiguous in the output's shape ", out.shape(), ", got ", addend.shape(),
+                 " strides ", addend.strides());
   const T* bias_data = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
   const int64_t bias_stride = bias.defined() ? bias.stride(0) : 0;
-  if (k == 0) {  // an empty sum: zeros, plus the bias
+  const T* addend_data = addend.defined() ? static_cast<const T*>(addend.data_ptr()) : nullptr;
+  if (k == 0) {  // an empty sum: zeros, plus the bias and the addend
     fill_rows<T><<<grid_for(out.numel()), kThreads, 0, launch.stream>>>(static_cast<T*>(out.data_ptr()), bias_data,
-                                                                        bias_stride, n, out.numel());
+                                                                        bias_stride, addend_data, n, out.numel());
     MICROLLM_CUDA_CHECK_LAUNCH();
     return;
   }
   // Decode-sized linear layers (m <= 8, bf16/f16): a weight-streaming kernel beats cuBLASLt there (gemv.cu).
-  if (!ta && tb && try_decode_gemv(a_in, b_in, bias_data, bias_stride, out, launch.stream)) return;
+  if (!ta && tb &&
+      try_decode_gemv(a_in, b_in, bias_data, bias_stride, out, launch.stream, nullptr, false, nullptr, addend_data)) {
+    return;
+  }
   // Operands cuBLASLt can read in place; others become contiguous (a device copy on this stream).
   Tensor a = a_in, b = b_in;
   LtOperand lt_a{}, lt_b{};  // lt_a describes our b (cuBLASLt's A), lt_b our a
@@ -410,7 +423,11 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
   };
   key.align_a = alignment_of(b.data_ptr(), {key.stride_a * es, outer_byte_strides(dims.b)});
   key.align_b = alignment_of(a.data_ptr(), {key.stride_b * es, outer_byte_strides(dims.a)});
+  // C (the addend, read at out's offsets) and D (out).
   key.align_c = alignment_of(out.data_ptr(), {key.stride_c * es, outer_byte_strides(dims.c)});
+  if (addend_data) {
+    key.align_c = std::min(key.align_c, alignment_of(addend_data, {key.stride_c * es, outer_byte_strides(dims.c)}));
+  }
   key.align_bias = bias_ptr ? alignment_of(bias_ptr, {}) : 0;
 
   const cublasLtHandle_t handle = cublaslt_handle(launch.device);
@@ -424,7 +441,7 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
   }
   Plan& plan = *it->second;
   if (!plan.has_algo) {
-    launch_fallback<T>(a, b, ta, tb, static_cast<const T*>(bias_ptr), 1, out, launch.stream);
+    launch_fallback<T>(a, b, ta, tb, static_cast<const T*>(bias_ptr), 1, addend_data, out, launch.stream);
     return;
   }
   if (plan.bias_epilogue) {
@@ -444,7 +461,8 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
     plan.algo = plan.candidates[fastest_algo(handle, gemm, plan.candidates.data(), plan.untimed, launch.device)];
     plan.untimed = 0;
   }
-  const acc_t<T> alpha = 1, beta = 0;
+  // beta = 1 reads C = the addend: D = A B (+ bias) + C in the epilogue, one rounding.
+  const acc_t<T> alpha = 1, beta = addend_data ? 1 : 0;
   const T* a_base = static_cast<const T*>(a.data_ptr());
   const T* b_base = static_cast<const T*>(b.data_ptr());
   T* c_base = static_cast<T*>(out.data_ptr());
@@ -457,12 +475,13 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
       b_off += i * dims.b[d];
       c_off += i * dims.c[d];
     }
-    T* c_ptr = c_base + c_off;
+    T* d_ptr = c_base + c_off;
+    const T* c_ptr = addend_data ? addend_data + c_off : d_ptr;
     MICROLLM_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, b_base + b_off, plan.a, a_base + a_off, plan.b,
-                                         &beta, c_ptr, plan.c, c_ptr, plan.c, &plan.algo, workspace.data,
+                                         &beta, c_ptr, plan.c, d_ptr, plan.c, &plan.algo, workspace.data,
                                          workspace.bytes, launch.stream));
   }
-  if (bias_ptr && !plan.bias_epilogue) {
+  if (bias_ptr && !plan.bias_epilogue) {  // after the addend: a second rounding, where no epilogue takes the bias
     add_bias_rows<T><<<grid_for(out.numel()), kThreads, 0, launch.stream>>>(
         static_cast<T*>(out.data_ptr()), static_cast<const T*>(bias_ptr), 1, n, out.numel());
     MICROLLM_CUDA_CHECK_LAUNCH();
@@ -475,11 +494,11 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
 using namespace cuda_kernels;
 
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
-                         const Tensor& out) {
+                         const Tensor& addend, const Tensor& out) {
   OpScope scope("matmul", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
   visit_float(out.dtype(), "matmul",
-              [&]<typename T>() { run_matmul<T>(a, b, transpose_a, transpose_b, bias, out, launch); });
+              [&]<typename T>() { run_matmul<T>(a, b, transpose_a, transpose_b, bias, addend, out, launch); });
 }
 
 }  // namespace microllm
