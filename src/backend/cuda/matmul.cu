@@ -4,10 +4,11 @@
 // made contiguous first. Batch dims collapse into one strided batch where their strides allow and loop
 // on the host where not. bf16/f16 accumulate in f32, f32 in f32 (TF32 only with set_allow_tf32), f64 in
 // f64. Plans (descriptors, layouts, the algorithm) are cached per problem; a problem that cuBLASLt refuses
-// runs a plain fallback kernel instead. The algorithm is the heuristic's first choice, except for large bf16 / f16
-// problems, which time the heuristic's first kTuningCandidates once and keep the fastest (gemm_tuning.h; under
-// deterministic_algorithms(), the fastest of those that give the first's bits). Linear layers
-// of decode size (m <= 8 rows, bf16/f16) run the GEMV of gemv.cu instead of cuBLASLt.
+// runs a plain fallback kernel instead. The algorithm is the heuristic's first choice, except for large
+// bf16/f16 problems, which time the heuristic's first kTuningCandidates once and keep the fastest
+// (gemm_tuning.h; under deterministic_algorithms(), the fastest of those that give the first's bits). An addend
+// (linear_add) is C with beta = 1. Linear layers of decode size (m <= 8 rows, bf16/f16) run the GEMV of gemv.cu
+// instead of cuBLASLt.
 #include <array>
 #include <climits>
 #include <memory>
