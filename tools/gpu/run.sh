@@ -21,6 +21,8 @@
 #                    VAR=value switches); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
+#   gemm-algos       benchmarks/cublaslt_algos_bench: every cuBLASLt candidate for the models' prefill and training GEMMs
+#                    against the heuristic's first answer (what gemm_tuning.cu chooses among)
 #   persistent-mlp   benchmarks/persistent_mlp_bench: a decode layer's MLP half as one persistent kernel against the
 #                    chained GEMV kernels
 #   prefill-profile  microllm bench --op-times, pp2048 B1 on the R1-Distill-1.5B config; then every kernel of pp2048
@@ -237,6 +239,11 @@ step_gemv_profile() {
     "$RES/ncu_gemv.txt" "$RES/ncu_cublaslt.txt" | head -60
 }
 
+step_gemm_algos() {
+  timeout 300 "$bin/cublaslt_algos_bench" --algos 32 --reps 30 > "$RES/cublaslt_algos.log" 2>&1
+  echo "== cublaslt_algos_bench: exit $?"; grep '^#' "$RES/cublaslt_algos.log"
+}
+
 step_persistent_mlp() {
   timeout 120 "$bin/persistent_mlp_bench" > "$RES/persistent_mlp.md" 2>&1
   echo "== persistent_mlp_bench: exit $?"; cat "$RES/persistent_mlp.md"
@@ -368,6 +375,7 @@ for step in "${steps[@]}"; do
     decode-ab) step_decode_ab ;;
     prefill-profile) step_prefill_profile ;;
     host-profile) step_host_profile ;;
+    gemm-algos) step_gemm_algos ;;
     persistent-mlp) step_persistent_mlp ;;
     gemv-profile) step_gemv_profile ;;
     infer) step_infer_bench; save_results; step_infer_serve ;;
