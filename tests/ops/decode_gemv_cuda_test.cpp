@@ -262,7 +262,7 @@ TEST_P(DecodeGemvCudaTest, ReplaysInsideACudaGraph) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecodeGemvCudaTest, ::testing::Values(DType::bf16, DType::f16),
-                         [](const ::testing::TestParamInfo<DType>& param) { return std::string("cuda_") + dtype_name(param.param); });
+                         testing::cuda_dtype_test_name);
 
 }  // namespace
 }  // namespace microllm

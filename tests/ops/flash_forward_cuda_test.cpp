@@ -134,9 +134,7 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FlashForwardCudaTest, ::testing::Values(DType::bf16, DType::f16),
-                         [](const ::testing::TestParamInfo<DType>& param) {
-                           return std::string("cuda_") + dtype_name(param.param);
-                         });
+                         testing::cuda_dtype_test_name);
 
 }  // namespace
 }  // namespace microllm

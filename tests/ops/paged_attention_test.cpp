@@ -578,9 +578,7 @@ TEST_P(PagedAttentionCudaTest, WriteAndGather) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionCudaTest, ::testing::Values(DType::f32, DType::bf16, DType::f16),
-                         [](const ::testing::TestParamInfo<DType>& param) {
-                           return std::string("cuda_") + dtype_name(param.param);
-                         });
+                         testing::cuda_dtype_test_name);
 
 }  // namespace
 }  // namespace microllm

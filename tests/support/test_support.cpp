@@ -20,6 +20,10 @@ std::string device_test_name(const ::testing::TestParamInfo<Device>& info) {
   return info.param.is_cpu() ? "cpu" : "cuda" + std::to_string(info.param.index);
 }
 
+std::string cuda_dtype_test_name(const ::testing::TestParamInfo<DType>& info) {
+  return std::string("cuda_") + dtype_name(info.param);
+}
+
 uint64_t fresh_seed() {
   static std::atomic<uint64_t> counter{static_cast<uint64_t>(
       std::chrono::high_resolution_clock::now().time_since_epoch().count())};

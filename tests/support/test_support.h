@@ -16,6 +16,8 @@ namespace microllm::testing {
 // cpu, and cuda:0 in CUDA builds (tests on it skip when the machine has no GPU).
 std::vector<Device> test_devices();
 std::string device_test_name(const ::testing::TestParamInfo<Device>& info);
+// cuda_bf16, ...: the name of a CUDA-only suite's dtype parameter (the GPU runs select "*cuda*").
+std::string cuda_dtype_test_name(const ::testing::TestParamInfo<DType>& info);
 
 // Skips the current test with a message when `device` is not usable here.
 #define MICROLLM_SKIP_IF_UNAVAILABLE(device)                                                         \

@@ -10,6 +10,7 @@
 #include "../../core/cuda/cuda_check.h"
 #include "common.cuh"
 #include "gemm_tuning.h"
+#include "microllm/core/cuda.h"
 
 namespace microllm::cuda_kernels {
 namespace {
@@ -40,15 +41,15 @@ __global__ void any_difference(const uint16_t* __restrict__ x, const uint16_t* _
   }
 }
 
-// A non-blocking stream of each device for the timing runs: work on it neither waits for the legacy stream
-// nor is recorded by a capture on another stream. Created on first use and kept (leaked, as the handles are).
-cudaStream_t tuning_stream(int device) {
+// A stream of each device for the timing runs (cuda::Stream::create: non-blocking, so work on it neither waits
+// for the legacy stream nor is recorded by a capture on another stream), created on first use and kept.
+const cuda::Stream& tuning_stream(int device) {
   static std::mutex mutex;
-  static std::array<cudaStream_t, kMaxDevices> streams{};
+  static std::array<cuda::Stream, kMaxDevices> streams{};
   MICROLLM_CHECK(device >= 0 && device < kMaxDevices, DeviceError, "matmul", "device index ", device, " out of range");
   std::lock_guard<std::mutex> lock(mutex);
-  cudaStream_t& stream = streams[static_cast<size_t>(device)];
-  if (!stream) MICROLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::Stream& stream = streams[static_cast<size_t>(device)];
+  if (!stream.handle()) stream = cuda::Stream::create(device);
   return stream;
 }
 
@@ -105,7 +106,8 @@ bool same_output(const void* x, const void* y, size_t bytes, int* differs, cudaS
 int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtMatmulAlgo_t* candidates, int count,
                  int device) {
   if (count < 2) return 0;
-  const cudaStream_t stream = tuning_stream(device);
+  const cuda::Stream& timing_stream = tuning_stream(device);
+  const auto stream = static_cast<cudaStream_t>(timing_stream.handle());
   Scratch scratch(stream);
   void* a = scratch.take(gemm.a_bytes);
   void* b = a ? scratch.take(gemm.b_bytes) : nullptr;
@@ -123,13 +125,7 @@ int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtM
       fill<__half>(p, bytes, seed, stream);
   }
 
-  cudaEvent_t start = nullptr, end = nullptr;
-  MICROLLM_CUDA_CHECK(cudaEventCreate(&start));
-  MICROLLM_CUDA_CHECK(cudaEventCreate(&end));
-  struct EventGuard {
-    cudaEvent_t e;
-    ~EventGuard() { cudaEventDestroy(e); }
-  } start_guard{start}, end_guard{end};
+  cuda::Event start(device), end(device);
 
   const float alpha = 1.f, beta = 0.f;  // bf16 / f16 accumulate in f32 (matmul.cu's plans)
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
@@ -143,13 +139,12 @@ int fastest_algo(cublasLtHandle_t handle, const TunedGemm& gemm, const cublasLtM
     for (size_t i = 0; i < n; ++i) {
       if (round > 0 && best[i] == kFailed) continue;  // it did not run the first time
       if (run(candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
-      MICROLLM_CUDA_CHECK(cudaEventRecord(start, stream));
+      start.record(timing_stream);
       bool ran = true;
       for (int r = 0; r < kRunsPerRound && ran; ++r) ran = run(candidates[i]) == CUBLAS_STATUS_SUCCESS;
-      MICROLLM_CUDA_CHECK(cudaEventRecord(end, stream));
-      MICROLLM_CUDA_CHECK(cudaEventSynchronize(end));
-      float ms = 0.f;
-      MICROLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+      end.record(timing_stream);
+      end.synchronize();
+      const float ms = cuda::Event::elapsed_ms(start, end);
       if (!ran) continue;
       if (gemm.same_bits && round == 0) {  // c holds candidate i's output: keep 0's, compare the others' to it
         if (i == 0) {

@@ -304,22 +304,29 @@ bool rows_of_packs(const Tensor& t, int64_t rows) {
   return t.stride(-1) == 1 && rows::aligned16(t.data_ptr()) && (rows <= 1 || t.stride(0) % 8 == 0);
 }
 
+// The GEMV's shape conditions, shared by try_decode_gemv and folds_rms_norm_linear: x of m rows, weight w
+// [rows, k] (swiglu: [w_gate; w_up]) of a 16-bit float dtype; folded: with the RMSNorm and/or SwiGLU, whose
+// limits are tighter (the header comment, "Where it runs"). Layouts, staging room and the switch are checked
+// where the product is launched.
+bool takes_shape(int64_t m, const Tensor& w, bool folded, bool swiglu) {
+  const DType dtype = w.dtype();
+  if ((dtype != DType::bf16 && dtype != DType::f16) || w.dim() != 2) return false;
+  const int64_t rows = w.size(0), k = w.size(1);
+  if (m < 1 || m > (folded ? kMaxFoldedRows : kGemvMaxRows) || k < 1 || k % 8 != 0 || k >= INT_MAX) return false;
+  if (rows < 1 || rows >= INT_MAX || (swiglu && rows % 2 != 0)) return false;
+  return w.numel() * static_cast<int64_t>(w.element_size()) <= (folded ? kMaxFoldedBytes : kMaxPlainBytes);
+}
+
 }  // namespace
 
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
                      cudaStream_t stream, const GemvNorm* norm, bool swiglu, const char* scope, const void* addend) {
-  const DType dtype = out.dtype();
-  if (dtype != DType::bf16 && dtype != DType::f16) return false;
-  if (x.dim() != 2 || w.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || w.dtype() != dtype) return false;
+  const DType dtype = w.dtype();
+  if (x.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || out.dtype() != dtype) return false;
+  if (!takes_shape(x.size(0), w, /*folded=*/norm != nullptr || swiglu, swiglu) || x.size(1) != w.size(1)) return false;
+  if (swiglu && (bias != nullptr || addend != nullptr)) return false;
   const int64_t m = x.size(0), k = x.size(1), n = swiglu ? w.size(0) / 2 : w.size(0);
-  if (m < 1 || m > kGemvMaxRows || k < 1 || k % 8 != 0 || w.size(1) != k || n < 1) return false;
-  if (swiglu && (bias != nullptr || addend != nullptr || w.size(0) % 2 != 0)) return false;
-  const bool folded = norm != nullptr || swiglu;
-  if (w.numel() * static_cast<int64_t>(w.element_size()) > (folded ? kMaxFoldedBytes : kMaxPlainBytes)) return false;
-  if (folded && m > kMaxFoldedRows) return false;
-  if (out.size(0) != m || out.size(1) != n || !out.is_contiguous() || w.size(0) >= INT_MAX || k >= INT_MAX) {
-    return false;
-  }
+  if (out.size(0) != m || out.size(1) != n || !out.is_contiguous()) return false;
   if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
   const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
   const int64_t staged_rows = norm && norm->residual.defined() ? 2 * m : m;
@@ -390,13 +397,9 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 
 namespace microllm {
 
-// The shape conditions of try_decode_gemv's folded case (its layout conditions hold for the model's tensors).
+// try_decode_gemv's folded case by shape (its layout conditions hold for the model's tensors).
 bool CudaBackend::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
-  using namespace cuda_kernels;
-  const DType dtype = weight.dtype();
-  return decode_gemv() && (dtype == DType::bf16 || dtype == DType::f16) && rows >= 1 && rows <= kMaxFoldedRows &&
-         weight.dim() == 2 && weight.size(1) % 8 == 0 && (!swiglu || weight.size(0) % 2 == 0) &&
-         weight.numel() * static_cast<int64_t>(weight.element_size()) <= kMaxFoldedBytes;
+  return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
 }
 
 // The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition.
