@@ -233,6 +233,16 @@ void decode_step_ops(const Model& m) {
                            qkv_row.narrow(1, q + kv, kv).view({1, m.kv_heads, m.head_dim}), rope_params, k_pool,
                            v_pool, slots, tables, seq, pos, 0, context, attn_out);
   });
+  // The same with the o projection and the residual add: one kernel where it fits (Qwen2.5-0.5B), else the two.
+  const Tensor projected = random({1, m.hidden});
+  graph_timed("paged_decode_attention_projected", str_cat("ctx ", context, " + o [", m.hidden, ", ", q, "]"),
+              e * (2 * context * kv + w_o.numel()), [&] {
+                paged_decode_attention_projected(qkv_row.narrow(1, 0, q).view({1, m.heads, m.head_dim}),
+                                                 qkv_row.narrow(1, q, kv).view({1, m.kv_heads, m.head_dim}),
+                                                 qkv_row.narrow(1, q + kv, kv).view({1, m.kv_heads, m.head_dim}),
+                                                 rope_params, k_pool, v_pool, slots, tables, seq, pos, 0, context, w_o,
+                                                 residual, projected);
+              });
   graph_timed("linear_o", str_cat("[1, ", q, "] x [", m.hidden, ", ", q, "]"), e * w_o.numel(),
               [&] { linear(pq.reshape({1, q}), w_o); });
   graph_timed("linear_gate_up", str_cat("[1, ", m.hidden, "] x [", 2 * m.intermediate, ", ", m.hidden, "]"),

@@ -90,6 +90,19 @@ void Backend::paged_decode_attention(const Tensor& q, const Tensor& k, const Ten
   paged_attention(q_rot.select(1, 0), k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out);
 }
 
+void Backend::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const RopeParams& rope_params, const Tensor& k_pool,
+                                               const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
+                                               const Tensor& seq_ids, const Tensor& positions, double scale,
+                                               int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                               const Tensor& out) {
+  const Tensor attention = Tensor::empty(q.shape(), q.dtype(), q.device());
+  paged_decode_attention(q, k, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+                         max_context, attention);
+  matmul(attention.reshape({q.size(0), q.size(1) * q.size(2)}), o_weight, /*transpose_a=*/false,
+         /*transpose_b=*/true, Tensor(), addend, out);
+}
+
 void Backend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                   const RopeParams& rope_params, const Tensor& k_pool, const Tensor& v_pool,
                                   const Tensor& slots, const Tensor& q_out, const Tensor& k_out) {

@@ -166,8 +166,9 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
     q = q_norm_->forward(q, ctx);
     k = k_norm_->forward(k, ctx);
   }
-  if (ctx.paged && ctx.paged->chunk_start < 0) {  // decode: rotary, cache write and attention in one op
-    return o_proj_->forward(Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged)), ctx, residual);
+  if (ctx.paged && ctx.paged->chunk_start < 0) {  // decode: rotary, cache write, attention and o in one op
+    return Variable(paged_decode(q.value(), k.value(), v.value(), *ctx.paged,
+                                 as_compute(o_proj_->weight(), ctx).value(), residual));
   }
   if (ctx.paged) return o_proj_->forward(Variable(paged_prefill(q.value(), k.value(), v.value(), ctx)), ctx, residual);
   if (qkv.defined() && !q_norm_) {  // q and k heads are adjacent in the fused output: one rotary call turns both
@@ -194,17 +195,20 @@ Variable Attention::attend(Variable q, Variable k, Variable v, const Tensor& qkv
 }
 
 // q [B, 1, Hq, D], k and v [B, 1, Hkv, D] before the rotary embedding, one new token per sequence ->
-// [B, 1, Hq * D]; their k/v written to the paged cache. The rotary position of row b is query_positions[b].
-Tensor Attention::paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const {
+// [B, 1, hidden] = residual + attention @ o_weight^T (residual may be undefined); their k/v written to the paged
+// cache. The rotary position of row b is query_positions[b].
+Tensor Attention::paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged,
+                               const Tensor& o_weight, const Tensor& residual) const {
   MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
-  const int64_t batch = q.size(0), d = config_.head_dim;
+  const int64_t batch = q.size(0), hidden = o_weight.size(0);
   MICROLLM_CHECK(q.size(1) == 1, ShapeError, "attention", "a paged decode step takes one token per row, got ",
                  q.size(1));
-  const Tensor out = Tensor::empty({batch, config_.num_heads, d}, q.dtype(), q.device());
-  paged_decode_attention(q.select(1, 0), k.select(1, 0), v.select(1, 0), config_.rope,
-                         paged.cache->keys(layer_index_), paged.cache->values(layer_index_), paged.slots,
-                         paged.block_tables, paged.seq_ids, paged.query_positions, 0, paged.max_context, out);
-  return out.reshape({batch, 1, config_.num_heads * d});
+  const Tensor out = Tensor::empty({batch, hidden}, q.dtype(), q.device());
+  paged_decode_attention_projected(q.select(1, 0), k.select(1, 0), v.select(1, 0), config_.rope,
+                                   paged.cache->keys(layer_index_), paged.cache->values(layer_index_), paged.slots,
+                                   paged.block_tables, paged.seq_ids, paged.query_positions, 0, paged.max_context,
+                                   o_weight, residual.defined() ? residual.reshape({batch, hidden}) : Tensor(), out);
+  return out.reshape({batch, 1, hidden});
 }
 
 // q [1, T, Hq, D], k and v [1, T, Hkv, D] of a prefill chunk before the rotary embedding -> [1, T, Hq * D]; the

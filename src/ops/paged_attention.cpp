@@ -80,6 +80,26 @@ void check_out(const char* op, const Tensor& q, const Tensor& out) {
                  " with strides ", out.strides());
 }
 
+// A decode step's new keys and values (k, v [N, Hkv, D] like the pools), the rotary parameters and slots [N].
+void check_new_kv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_pool,
+                  const RopeParams& rope, const Tensor& slots) {
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k, "k"}, {v, "v"}}) {
+    checks::floating(op, t, name);
+    checks::rank(op, t, name, 3);
+    checks::same_dtype(op, k_pool, "k_pool", t, name);
+    checks::same_device(op, k_pool, "k_pool", t, name);
+    MICROLLM_CHECK(t.size(0) == q.size(0) && t.size(1) == k_pool.size(2) && t.size(2) == k_pool.size(3), ShapeError, op,
+                   name, " shape ", t.shape(), " must be [N, Hkv, D] = [", q.size(0), ", ", k_pool.size(2), ", ",
+                   k_pool.size(3), "] (q ", q.shape(), ", k_pool ", k_pool.shape(), ")");
+  }
+  MICROLLM_CHECK(q.size(2) % 2 == 0, ShapeError, op, "the rotary embedding needs an even head dim, got q shape ",
+                 q.shape());
+  rope_inv_freq(rope, q.size(2));  // checks the rotary parameters
+  check_index(op, slots, "slots", 1, k_pool);
+  MICROLLM_CHECK(slots.size(0) == q.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
+                 q.size(0), " query tokens of q ", q.shape());
+}
+
 }  // namespace
 
 void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v, const Tensor& slots) {
@@ -128,26 +148,48 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& out) {
   const char* op = "paged_decode_attention";
   const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
-  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k, "k"}, {v, "v"}}) {
-    checks::floating(op, t, name);
-    checks::rank(op, t, name, 3);
-    checks::same_dtype(op, k_pool, "k_pool", t, name);
-    checks::same_device(op, k_pool, "k_pool", t, name);
-    MICROLLM_CHECK(t.size(0) == q.size(0) && t.size(1) == k_pool.size(2) && t.size(2) == k_pool.size(3), ShapeError,
-                   op, name, " shape ", t.shape(), " must be [N, Hkv, D] = [", q.size(0), ", ", k_pool.size(2), ", ",
-                   k_pool.size(3), "] (q ", q.shape(), ", k_pool ", k_pool.shape(), ")");
-  }
-  MICROLLM_CHECK(q.size(2) % 2 == 0, ShapeError, op, "the rotary embedding needs an even head dim, got q shape ",
-                 q.shape());
-  rope_inv_freq(rope, q.size(2));  // checks the rotary parameters
-  check_index(op, slots, "slots", 1, k_pool);
-  MICROLLM_CHECK(slots.size(0) == q.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
-                 q.size(0), " query tokens of q ", q.shape());
+  check_new_kv(op, q, k, v, k_pool, rope, slots);
   check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   backend_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
                                                  positions, s, context, out);
+}
+
+void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                      double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                      const Tensor& out) {
+  const char* op = "paged_decode_attention_projected";
+  checks::defined(op, q, "q");
+  checks::rank(op, q, "q", 3);
+  checks::defined(op, o_weight, "o_weight");
+  checks::rank(op, o_weight, "o_weight", 2);
+  checks::same_dtype(op, q, "q", o_weight, "o_weight");
+  checks::same_device(op, q, "q", o_weight, "o_weight");
+  const int64_t tokens = q.size(0), hidden = o_weight.size(0);
+  MICROLLM_CHECK(o_weight.size(1) == q.size(1) * q.size(2), ShapeError, op, "o_weight shape ", o_weight.shape(),
+                 " must be [hidden, Hq * D] with Hq * D = ", q.size(1) * q.size(2), " (q ", q.shape(), ")");
+  checks::defined(op, out, "out");
+  checks::same_dtype(op, q, "q", out, "out");
+  checks::same_device(op, q, "q", out, "out");
+  MICROLLM_CHECK(out.shape() == Shape({tokens, hidden}) && out.is_contiguous(), ShapeError, op, "out must be [", tokens,
+                 ", ", hidden, "] contiguous (q ", q.shape(), ", o_weight ", o_weight.shape(), "), got shape ",
+                 out.shape(), " with strides ", out.strides());
+  if (addend.defined()) {
+    checks::same_dtype(op, q, "q", addend, "addend");
+    checks::same_device(op, q, "q", addend, "addend");
+    MICROLLM_CHECK(addend.shape() == out.shape(), ShapeError, op, "addend shape ", addend.shape(),
+                   " does not match out ", out.shape());
+  }
+  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  check_new_kv(op, q, k, v, k_pool, rope, slots);
+  if (out.numel() == 0) return;
+  const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  backend_for(q.device())
+      .paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, s,
+                                        context, o_weight, addend.defined() ? addend.contiguous() : Tensor(), out);
 }
 
 std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v,

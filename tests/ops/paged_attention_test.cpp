@@ -18,8 +18,13 @@
 
 #include "microllm/core/cuda.h"
 #include "microllm/ops/attention.h"
+#include "microllm/ops/matmul.h"
 #include "microllm/ops/rope.h"
 #include "test_support.h"
+
+#ifdef MICROLLM_WITH_CUDA
+#include "backend/cuda/paged_attention.h"
+#endif
 
 namespace microllm {
 namespace {
@@ -401,6 +406,96 @@ TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
                            c.block_tables, c.seq_ids, c.positions, 0, 0, Tensor::empty(s.q.shape(), DType::bf16, d));
   });
   EXPECT_NE(message.find("slot"), std::string::npos) << message;
+}
+
+// ---- paged_decode_attention_projected: the decode step and the o projection against the two ops ----
+
+// On this device: paged_decode_attention_projected into a NaN-filled out on random pools against
+// paged_decode_attention (on copies of the pools) followed by linear_add with the same o_weight and addend
+// (undefined: none). The pools must match bit for bit, the output within a tenth of the dtype's tolerance: the
+// attention rounds the same way on both sides, but a fused kernel sums each column's products in its own order.
+void check_projected_equals_composition(const Cache& c, DType dtype, int64_t hidden, bool with_addend,
+                                        int64_t max_context, Device device, const char* what) {
+  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype) + (with_addend ? " with addend" : ""));
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const Tensor k_ref = k_pool.clone(), v_ref = v_pool.clone();
+  const DecodeStep s = make_step(c, dtype, device);
+  const int64_t n = rows(c);
+  const Tensor o_weight = random_tensor({hidden, c.q_heads * c.dim}, dtype, device, -0.1, 0.1);
+  const Tensor addend = with_addend ? random_tensor({n, hidden}, dtype, device) : Tensor();
+  const Tensor attention = Tensor::full(s.q.shape(), NAN, dtype, device);
+  paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_ref, v_ref, s.slots, c.block_tables, c.seq_ids, c.positions, 0,
+                         max_context, attention);
+  const Tensor want = linear_add(attention.reshape({n, c.q_heads * c.dim}), o_weight, Tensor(), addend);
+
+  const Tensor out = Tensor::full({n, hidden}, NAN, dtype, device);
+  paged_decode_attention_projected(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables, c.seq_ids,
+                                   c.positions, 0, max_context, o_weight, addend, out);
+  MICROLLM_EXPECT_CLOSE(out, want, dtype == DType::f32 ? tolerance(dtype) : tolerance(dtype) / 10);
+  EXPECT_EQ(host_values(k_pool), host_values(k_ref));
+  EXPECT_EQ(host_values(v_pool), host_values(v_ref));
+}
+
+TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
+  const Device d = device();
+#ifdef MICROLLM_WITH_CUDA
+  const int64_t launches_before = d.is_cuda() ? cuda_kernels::paged::projected_launches() : 0;
+#endif
+  for (DType dtype : kPoolTypes) {
+    for (bool with_addend : {true, false}) {
+      // Qwen2.5-0.5B's heads (14 query heads of D 64 over 2 kv heads, hidden 896) within one split, one token
+      // and one token + a padding row: CUDA fuses these (and the two below) in 16-bit dtypes.
+      check_projected_equals_composition(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), dtype, 896, with_addend,
+                                         256, d, "qwen b1");
+      check_projected_equals_composition(make_cache({200}, 16, 2, 14, 64, 1, true, d, 3, 256), dtype, 896, with_addend,
+                                         256, d, "qwen b1 + padding");
+      // A hidden size that the 14 heads do not divide (the last CTA's columns are fewer), and a group of 4.
+      check_projected_equals_composition(make_cache({77}, 8, 2, 14, 64, 1, false, d, 3, 256), dtype, 900, with_addend,
+                                         256, d, "hidden 900");
+      check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,
+                                         with_addend, 128, d, "group 4");
+    }
+    // Declined by CUDA's fused kernel (the composition runs): several splits; R1-1.5B's o_weight (384 KB a CTA);
+    // four tokens.
+    check_projected_equals_composition(make_cache({300, 17}, 16, 2, 14, 64, 1, true, d, 3, 2048), dtype, 896, true,
+                                       2048, d, "splits");
+    check_projected_equals_composition(make_cache({70}, 16, 2, 12, 128, 1, false, d, 3, 256), dtype, 1536, true, 256, d,
+                                       "r1");
+    check_projected_equals_composition(make_cache({30, 200, 3, 64}, 16, 2, 14, 64, 1, false, d, 3, 256), dtype, 896,
+                                       true, 256, d, "four tokens");
+  }
+#ifdef MICROLLM_WITH_CUDA
+  // 4 cases x 2 addends x {bf16, f16}: a silent fallback would pass the comparisons above without testing the kernel.
+  if (d.is_cuda()) {
+    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 16);
+  }
+#endif
+}
+
+TEST(PagedDecodeAttentionTest, ProjectedErrorsNameTheArgument) {
+  const Device cpu = Device::cpu();
+  const Cache c = make_cache({20, 9}, 4, 1, 2, 8, 1, false, cpu);
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, cpu);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, 1, 8}, DType::f32, cpu);
+  const DecodeStep s = make_step(c, DType::f32, cpu);
+  auto run = [&](const Tensor& o_weight, const Tensor& addend, const Tensor& out) {
+    return testing::error_message([&] {
+      paged_decode_attention_projected(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables, c.seq_ids,
+                                       c.positions, 0, 0, o_weight, addend, out);
+    });
+  };
+  const Tensor w = random_tensor({24, 16}, DType::f32, cpu), out = Tensor::empty({2, 24}, DType::f32, cpu);
+  const std::string weight = run(random_tensor({24, 15}, DType::f32, cpu), Tensor(), out);
+  EXPECT_NE(weight.find("[paged_decode_attention_projected]"), std::string::npos) << weight;
+  EXPECT_NE(weight.find("o_weight shape"), std::string::npos) << weight;
+  const std::string wrong_out = run(w, Tensor(), Tensor::empty({2, 23}, DType::f32, cpu));
+  EXPECT_NE(wrong_out.find("out must be [2, 24]"), std::string::npos) << wrong_out;
+  const std::string wrong_addend = run(w, Tensor::empty({1, 24}, DType::f32, cpu), out);
+  EXPECT_NE(wrong_addend.find("addend shape"), std::string::npos) << wrong_addend;
+  const std::string dtype = run(random_tensor({24, 16}, DType::bf16, cpu), Tensor(), out);
+  EXPECT_NE(dtype.find("o_weight"), std::string::npos) << dtype;
+  EXPECT_EQ(run(w, Tensor(), out), "no error");
 }
 
 // The contract the fused kernel relies on is checked by the reference: slots, one row per sequence, padding.

@@ -17,7 +17,7 @@
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
 #   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64 workload) on Qwen2.5-0.5B and R1-1.5B with
-#                    every decode switch on, then MICROLLM_PDL=0, then MICROLLM_GEMV=0 (and DECODE_AB_EXTRA's
+#                    every decode switch on, then MICROLLM_PDL=0, MICROLLM_GEMV=0, MICROLLM_ATTENTION_O=0 (and DECODE_AB_EXTRA's
 #                    VAR=value switches); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
@@ -208,7 +208,7 @@ step_rms_sweep() {
 step_decode_ab() {
   local config switch
   for config in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0 ${DECODE_AB_EXTRA:-}; do
+    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0 MICROLLM_ATTENTION_O=0 ${DECODE_AB_EXTRA:-}; do
       echo "== $config, $switch"
       env $([ $switch = none ] || echo $switch) timeout 200 "$bin/microllm" bench \
         --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -r 2 -p 0 -b 1,8 2>&1 |

@@ -137,6 +137,14 @@ class Backend {
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& out);
+  // paged_decode_attention_projected (ops/paged_attention.h): paged_decode_attention into a [N, Hq, D]
+  // temporary, then out [N, hidden] = addend + temporary @ o_weight^T (matmul with the addend; addend may be
+  // undefined). The default is that composition of this backend's ops (the reference); CUDA fuses.
+  virtual void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
+                                                const Tensor& slots, const Tensor& block_tables, const Tensor& seq_ids,
+                                                const Tensor& positions, double scale, int64_t max_context,
+                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out);
   // paged_rope_kv_write (ops/paged_attention.h): q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]),
   // then k_out and v written at slots [B * T]; positions [B, T]. The default is that composition of this
   // backend's ops (the reference); CUDA fuses.

@@ -136,7 +136,8 @@ class Attention : public Module {
                   const Tensor& residual = Tensor()) const;
   // The paged cache's two cases, both from q, k, v before the rotary embedding: a decode step (rotary, cache
   // write and attention in one op) and a prefill chunk (rotary and cache write in one op, then attention).
-  Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged) const;
+  Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged,
+                      const Tensor& o_weight, const Tensor& residual) const;
   Tensor paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const ForwardContext& ctx) const;
 
   AttentionConfig config_;

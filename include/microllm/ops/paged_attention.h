@@ -58,6 +58,20 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                             const Tensor& out);
 
+// paged_decode_attention followed by the attention's output projection, in one call: out [N, hidden] =
+// addend + attention [N, Hq * D] @ o_weight^T, where attention is paged_decode_attention's output (rounded to
+// q's dtype, as that op writes it) and the sum is linear_add's: f32 accumulation, the addend (e.g. the residual
+// stream; undefined for none) added before the one rounding. o_weight [hidden, Hq * D] and addend [N, hidden] in
+// q's dtype on q's device; out contiguous, overlapping none of the inputs. The arguments before o_weight are
+// paged_decode_attention's. The CUDA kernel does all of it in one launch where a token's query heads fit one
+// thread-block cluster and the projection's weight slices fit shared memory (a batch-1 or -2 decode step of
+// Qwen2.5-0.5B: docs/CUDA.md); otherwise, and on the CPU, it is the composition of the two ops.
+void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                      double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                      const Tensor& out);
+
 // A prefill chunk's rotary embedding and cache write in one call: what rope(q), rope(k) and paged_kv_write do
 // in turn. q [B, T, Hq, D], k and v [B, T, Hkv, D] are the projections before the rotary embedding (any strides,
 // the pools' dtype, e.g. views of a fused QKV output), Hq % Hkv == 0; positions [B, T] or [T] (i32/i64) as for

@@ -146,23 +146,41 @@ bool chained_launches(int device);
 int multiprocessor_count(int device);
 // 10 x major + minor of `device` (90 for an H100 / H200), read once.
 int compute_capability(int device);
+// The most dynamic shared memory a CTA of `device` may opt in to (227 KB on an H100 / H200), read once.
+int max_shared_memory_optin(int device);
 
+// launch_chained in thread-block clusters of `cluster` CTAs along x (sm_90; 1: no clusters). The CTAs of a
+// cluster run at the same time on one GPC and may read each other's shared memory; grid.x must be a multiple
+// of `cluster`, and more than 8 needs the kernel's cudaFuncAttributeNonPortableClusterSizeAllowed.
 template <typename... Params, typename... Args>
-void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
-                    Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+void launch_chained_in_clusters(unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, int device, Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (chained_launches(device)) MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attribute;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (chained_launches(device)) MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  config.numAttrs = capture == cudaStreamCaptureStatusActive ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   MICROLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int device,
+                    Args&&... args) {
+  launch_chained_in_clusters(1, kernel, grid, block, smem, stream, device, std::forward<Args>(args)...);
 }
 
 // ---- launching ----

@@ -65,6 +65,11 @@ class CudaBackend final : public Backend {
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
                               int64_t max_context, const Tensor& out) override;
+  void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                        const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                        const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                        double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                        const Tensor& out) override;
   void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                            const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                            const Tensor& q_out, const Tensor& k_out) override;

@@ -35,6 +35,8 @@ int compute_capability(int device) {
          cached_attribute<cudaDevAttrComputeCapabilityMinor>(device);
 }
 
+int max_shared_memory_optin(int device) { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device); }
+
 bool chained_launches(int device) {
   static const bool allowed = [] {
     const char* env = std::getenv("MICROLLM_PDL");

@@ -26,19 +26,33 @@
 // pool) and (for the first row block) writes both to the token's slot. Rotations and roundings are those of
 // rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention. Launched chained
 // in a decode graph, it stages the cached rows before it waits for the kernel before (the qkv projection).
+// paged_decode_attention_projected adds the attention's output projection to that kernel where a token's query
+// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens and 128 KB of o_weight
+// a CTA: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs meet through the cluster's shared
+// memory and each CTA computes 1/Hq of the columns (kProject below); elsewhere the o GEMV runs after it.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 // paged_kv_write and paged_gather are one grid-stride kernel each, coalesced along D.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
 
 #include "../../core/cuda/device_errors.h"
+#include "attention_mma.cuh"
 #include "common.cuh"
+#include "cuda_backend.h"
 #include "decode_phases.cuh"
+#include "op_scope.h"
+#include "paged_attention.h"
 #include "rope.cuh"
 #include "rows.cuh"
-#include "cuda_backend.h"
-#include "op_scope.h"
 
 namespace microllm {
 namespace cuda_kernels::paged {
@@ -65,6 +79,12 @@ constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory
 constexpr int kMaxFastDim = 256;
 constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
+// paged_decode_attention_projected's one kernel (kProject) takes at most this many tokens and this many bytes of
+// o_weight per CTA. Measured in the model (2026-11-30, one call each): Qwen2.5-0.5B batch 8 fused 8,256 tok/s
+// against 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs);
+// R1-Distill-1.5B batch 1 (384 KB a CTA) 580 against 666.
+constexpr int64_t kMaxProjectedTokens = 2;
+constexpr int64_t kMaxProjectedBytes = 128 << 10;
 
 // The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
 using RopeFreq = rotary::InvFreq<float, kMaxFastDim / 2>;
@@ -100,6 +120,14 @@ struct PagedArgs {
   const int32_t* slots;
   int64_t slot_stride;
   int pair_step, partner;  // rotary pair i is dims (i * pair_step, i * pair_step + partner)
+  // paged_decode_attention_projected (kProject): out [N, hidden] = addend + attention @ o_weight^T; a cluster of
+  // q_heads CTAs per token, CTA h computing columns [h * o_cols, +o_cols) from its rows of o_weight [hidden, o_in].
+  const void* o_weight;
+  int64_t o_weight_stride;
+  const void* addend;  // [N, hidden] contiguous, may be null
+  void* proj_out;      // [N, hidden] contiguous
+  int hidden, o_in, o_cols;
+  int proj_offset;  // bytes of shared memory before the projection's region (16-byte aligned)
 };
 
 // Token n's sequence, its position and how many of its keys to attend to (0: padding or a bad seq id ->
@@ -150,11 +178,93 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
   y2 = from_acc<T>(second);
 }
 
+// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; the CTAs of one token are one
+// cluster, CTA rank h holding query head h): CTA h starts its o_cols rows of o_weight for L2 before it waits (no
+// kernel writes a weight), rounds its head's output to T as paged_decode_attention would write it, then every
+// CTA gathers the token's Hq * D outputs from the cluster's shared memory (one exchange of 2 bytes an element)
+// and computes its columns (project_rows), the addend added before the one rounding (linear_add's arithmetic).
+// Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
+// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights; but 14 SMs read o_weight here
+// instead of all of them, which gives most of that back (+2% tok/s, not the +16% of no o projection at all).
+// Starts an L2 fill of `bytes` (a multiple of 16) at the 16-byte aligned `p`, without waiting for it and
+// without an SM's loads in flight (sm_90's bulk prefetch; elsewhere nothing).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
+  const T* e = reinterpret_cast<const T*>(&w);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s += to_acc(e[i]) * x[i];
+  return s;
+}
+
+// kProject's last phase: this CTA's columns of out = addend + x o_weight^T, x the token's attention [o_in] in
+// shared memory. Warp w owns rows w, w + 8, ... of the CTA's columns, eight at a time with two 16-byte weight
+// loads each in flight per lane (from L2: the kernel's start put them there), f32 sums reduced across the warp.
+// first_addend: lane i loaded the addend of the warp's i-th row while the attention ran.
+template <typename T>
+__device__ void project_rows(const PagedArgs& a, int64_t n, const T* x, float first_addend) {
+  constexpr int kRows = 8;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
+  const int cols = min(a.o_cols, a.hidden - col0), packs = a.o_in / 8;
+  const T* w = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
+  for (int i0 = 0; warp + i0 * kStagedWarps < cols; i0 += kRows) {
+    float acc[kRows] = {};
+    for (int p = lane; p < packs; p += 64) {
+      const bool second = p + 32 < packs;
+      uint4 wv[kRows][2];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int j = warp + (i0 + r) * kStagedWarps;
+        const uint4* row =
+            reinterpret_cast<const uint4*>(w + static_cast<int64_t>(j < cols ? j : 0) * a.o_weight_stride);
+        wv[r][0] = j < cols ? row[p] : make_uint4(0, 0, 0, 0);
+        wv[r][1] = j < cols && second ? row[p + 32] : make_uint4(0, 0, 0, 0);
+      }
+      float x0[8], x1[8];
+      load8(x + p * 8, x0);
+      if (second) {
+        load8(x + (p + 32) * 8, x1);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x1[e] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] += dot8<T>(wv[r][0], x0) + dot8<T>(wv[r][1], x1);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = warp_sum(acc[r]);
+      const int i = i0 + r, j = warp + i * kStagedWarps;
+      if (lane == i && j < cols) static_cast<T*>(a.proj_out)[n * a.hidden + col0 + j] = from_acc<T>(sum + first_addend);
+    }
+  }
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
 // [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
-// one flag per key (its block id is bad).
-template <typename T, int R, bool kDirect, bool kFused>
+// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D], the token's
+// outputs [o_in] and the CTA's rows of o_weight [o_cols][o_in], all of T.
+template <typename T, int R, bool kDirect, bool kFused, bool kProject = false>
 __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
+  static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
   extern __shared__ __align__(16) unsigned char paged_smem[];
   const int D = a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
   T* sk = reinterpret_cast<T*>(paged_smem);
@@ -187,7 +297,15 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
   if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
     if constexpr (kFused) wait_for_inputs();
-    if constexpr (kDirect) {  // one split: this CTA owns the output rows
+    if constexpr (kProject) {  // the token's attention is 0: its columns are the addend (every CTA of the
+                               // cluster is here, so none waits at a cluster barrier)
+      const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
+      T* o = static_cast<T*>(a.proj_out) + n * a.hidden;
+      const T* add = static_cast<const T*>(a.addend);
+      for (int c = col0 + tid; c < min(a.hidden, col0 + a.o_cols); c += kStagedThreads) {
+        o[c] = add ? add[n * a.hidden + c] : from_acc<T>(0.f);
+      }
+    } else if constexpr (kDirect) {  // one split: this CTA owns the output rows
       T* o = static_cast<T*>(a.out);
       for (int idx = tid; idx < nr * D; idx += kStagedThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
     }
@@ -218,7 +336,24 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
     copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
   }
+  T* head_out = reinterpret_cast<T*>(paged_smem + a.proj_offset);  // kProject's region
+  T* x_full = head_out + D;
+  float first_addend = 0.f;
+  if constexpr (kProject) {  // the CTA's rows of o_weight (no kernel writes a weight) start for L2
+    const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
+    if (tid < min(a.o_cols, a.hidden - col0)) {
+      prefetch_l2(static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0 + tid) * a.o_weight_stride,
+                  static_cast<unsigned>(a.o_in * sizeof(T)));
+    }
+  }
   if constexpr (kFused) wait_for_inputs();
+  if constexpr (kProject) {  // the addend is an earlier kernel's output: read after the wait, used at the end
+    const int lane = tid % 32, j = tid / 32 + lane * kStagedWarps;  // project_rows: this warp's lane-th row
+    const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
+    if (a.addend && j < min(a.o_cols, a.hidden - col0)) {
+      first_addend = to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]);
+    }
+  }
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
   if constexpr (kFused) {
     const int half = D / 2;
@@ -332,7 +467,9 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
 #pragma unroll
     for (int w = 0; w < kStagedWarps; ++w) o += red[(w * R + r) * D + d];
     const int64_t row = out_row(r);
-    if constexpr (kDirect) {
+    if constexpr (kProject) {
+      head_out[d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
+    } else if constexpr (kDirect) {
       static_cast<T*>(a.out)[row * D + d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
     } else {
       a.part_o[(row * a.n_split + split) * D + d] = o;
@@ -344,6 +481,21 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
       a.part_m[row * a.n_split + split] = sm[r];
       a.part_l[row * a.n_split + split] = sl[r];
     }
+  }
+  if constexpr (kProject) {
+    cluster_arrive();
+    cluster_wait();  // every CTA of the token has written its head_out
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    for (int p = tid; p < a.o_in / 8; p += kStagedThreads) {
+      const int head = p * 8 / D;
+      const T* src = cluster.map_shared_rank(head_out, head) + (p * 8) % D;
+      *reinterpret_cast<uint4*>(x_full + p * 8) = *reinterpret_cast<const uint4*>(src);
+    }
+    cluster_arrive();  // done reading the others' head_out; they may exit once all have arrived
+    __syncthreads();
+    project_rows(a, n, x_full, first_addend);
+    cluster_wait();  // no CTA leaves while another may still read its shared memory
   }
 }
 
@@ -483,13 +635,11 @@ bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, in
          (max_context + 31) / 32 <= kMaxSplits;
 }
 
-// paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
-template <typename T, int R, bool kFused>
-void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
-                        cudaStream_t stream) {
-  const int device = dev.index;
-  const int64_t rows = tokens * a.q_heads;
-  // Splits from what the host knows only (tokens, heads, max_context): the same grid on every replay.
+// The staged kernel's plan for R rows per CTA, from what the host knows only (tokens, heads, max_context): the
+// same grid on every replay. Sets a's row_blocks, pitch, chunk, n_split and stage_bytes; returns the shared
+// memory the kernel needs (without kProject's region).
+template <typename T, int R>
+size_t plan_staged(PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
   a.row_blocks = (a.group + R - 1) / R;
   a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
   const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
@@ -509,8 +659,18 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   a.n_split = static_cast<int>(n_split);
   a.stage_bytes = static_cast<int>(
       std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
-  const size_t smem = static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(n_split));
+  return static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
+}
+
+// paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
+template <typename T, int R, bool kFused>
+void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                        cudaStream_t stream) {
+  const int device = dev.index;
+  const int64_t rows = tokens * a.q_heads;
+  const size_t smem = plan_staged<T, R>(a, tokens, max_context, sms);
+  const int64_t n_split = a.n_split;
+  const dim3 grid(static_cast<unsigned>(tokens * a.kv_heads * a.row_blocks), static_cast<unsigned>(n_split));
   if (n_split == 1) {
     raise_smem_limit<paged_staged_kernel<T, R, true, kFused>>(kMaxStagedSmem, device);
     launch_chained(paged_staged_kernel<T, R, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
@@ -543,6 +703,74 @@ void launch_staged(const PagedArgs& a, const RopeFreq& freq, int64_t tokens, int
   } else {
     launch_staged_rows<T, kRowsPerCta, kFused>(a, freq, tokens, max_context, sms, dev, stream);
   }
+}
+
+std::atomic<int64_t> g_projected_launches{0};
+
+// MICROLLM_ATTENTION_O=0 keeps the o projection in its own kernel (an A/B switch); read once.
+bool projection_fused() {
+  static const bool on = [] {
+    const char* env = std::getenv("MICROLLM_ATTENTION_O");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
+// Whether clusters of `cluster` CTAs of `kernel` with `smem` bytes each can run on `device` (a GPC must hold
+// them at once); asked once per (kernel, device, cluster, smem).
+template <typename Kernel>
+bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, unsigned, size_t>, bool> answers;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::tuple{reinterpret_cast<const void*>(kernel), device, cluster, smem};
+  if (const auto it = answers.find(key); it != answers.end()) return it->second;
+  MICROLLM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_memory_optin(device)));
+  MICROLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim = {cluster, 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster);
+  config.blockDim = dim3(kStagedThreads);
+  config.dynamicSmemBytes = smem;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int active = 0;
+  MICROLLM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&active, kernel, &config));
+  return answers[key] = active > 0;
+}
+
+// paged_decode_attention_projected in one kernel (kProject): where launch_staged would take one query head per
+// CTA and one split, the token's query heads fit a cluster (at most 16 CTAs) that the GPU can hold, and within
+// kMaxProjectedTokens and kMaxProjectedBytes. Returns false, having launched nothing, anywhere else.
+template <typename T>
+bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
+                      cudaStream_t stream) {
+  constexpr int kMaxClusterCtas = 16;  // sm_90's largest (non-portable) cluster
+  const int64_t grouped_ctas = tokens * a.kv_heads * ((a.group + kRowsPerCta - 1) / kRowsPerCta);
+  if (!projection_fused() || compute_capability(device) < 90 || a.group <= 1 || grouped_ctas >= sms ||
+      max_context > kMaxChunk || a.q_heads > kMaxClusterCtas) {
+    return false;
+  }
+  const size_t base = plan_staged<T, 1>(a, tokens, max_context, sms);
+  a.o_cols = (a.hidden + a.q_heads - 1) / a.q_heads;
+  if (tokens > kMaxProjectedTokens ||
+      int64_t{a.o_cols} * a.o_in * static_cast<int64_t>(sizeof(T)) > kMaxProjectedBytes) {
+    return false;
+  }
+  if (a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane per row of a warp
+  a.proj_offset = static_cast<int>((base + 15) / 16 * 16);
+  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T);
+  if (smem > static_cast<size_t>(max_shared_memory_optin(device))) return false;
+  const auto kernel = paged_staged_kernel<T, 1, true, true, true>;
+  const auto cluster = static_cast<unsigned>(a.q_heads);
+  if (!clusters_fit(kernel, device, cluster, smem)) return false;
+  launch_chained_in_clusters(cluster, kernel, dim3(static_cast<unsigned>(tokens * a.q_heads)), kStagedThreads, smem,
+                             stream, device, a, freq);
+  g_projected_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 // The arguments every attention kernel reads.
@@ -579,7 +807,26 @@ PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_
   return a;
 }
 
+// A decode step's new k, v [N, Hkv, D] (before the rotary embedding), their slots and the rotary pairs.
+void set_new_kv(PagedArgs& a, const Tensor& k, const Tensor& v, const Tensor& slots, const RopeParams& rope,
+                int64_t dim) {
+  a.k_new = k.data_ptr();
+  a.v_new = v.data_ptr();
+  for (int d = 0; d < 3; ++d) {
+    a.k_new_stride[d] = k.stride(d);
+    a.v_new_stride[d] = v.stride(d);
+  }
+  a.slots = slots.data<int32_t>();
+  a.slot_stride = slots.stride(0);
+  const bool split_half = rope.layout == RopeLayout::split_half;
+  a.pair_step = split_half ? 1 : 2;
+  a.partner = split_half ? static_cast<int>(dim / 2) : 1;
+}
+
 }  // namespace
+
+int64_t projected_launches() { return g_projected_launches.load(std::memory_order_relaxed); }
+
 }  // namespace cuda_kernels::paged
 
 using namespace cuda_kernels;
@@ -659,17 +906,7 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
   Launch launch(out);
   pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
                                        detail::cuda_error_word(device_));
-  a.k_new = k.data_ptr();
-  a.v_new = v.data_ptr();
-  for (int d = 0; d < 3; ++d) {
-    a.k_new_stride[d] = k.stride(d);
-    a.v_new_stride[d] = v.stride(d);
-  }
-  a.slots = slots.data<int32_t>();
-  a.slot_stride = slots.stride(0);
-  const bool split_half = rope.layout == RopeLayout::split_half;
-  a.pair_step = split_half ? 1 : 2;
-  a.partner = split_half ? static_cast<int>(dim / 2) : 1;
+  pg::set_new_kv(a, k, v, slots, rope, dim);
   const pg::RopeFreq freq = rotary::inv_freq_arg<float, pg::kMaxFastDim / 2>(rope, dim);
   visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
@@ -679,6 +916,46 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
                                  out.device(), launch.stream);
     }
   });
+}
+
+// One kernel where launch_projected takes the shapes (16-bit weights in 16-byte aligned rows); otherwise the
+// composition: paged_decode_attention, then the decode GEMV or cuBLASLt with the addend.
+void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
+                                                   const Tensor& slots, const Tensor& block_tables,
+                                                   const Tensor& seq_ids, const Tensor& positions, double scale,
+                                                   int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                                   const Tensor& out) {
+  namespace pg = paged;
+  const int64_t tokens = q.size(0), dim = q.size(2);
+  const bool sixteen_bit = q.dtype() == DType::bf16 || q.dtype() == DType::f16;
+  const bool weight_rows = o_weight.stride(1) == 1 && o_weight.stride(0) % 8 == 0 && o_weight.size(1) % 8 == 0 &&
+                           rows::aligned16(o_weight.data_ptr());
+  if (sixteen_bit && weight_rows && pg::staged_fits(q, k_pool, v_pool, max_context)) {
+    OpScope scope("paged_decode_attention_projected", device_, detail::current_cuda_stream(device_));
+    Launch launch(out);
+    pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
+                                         detail::cuda_error_word(device_));
+    pg::set_new_kv(a, k, v, slots, rope, dim);
+    a.out = nullptr;  // the attention's output stays in shared memory
+    a.o_weight = o_weight.data_ptr();
+    a.o_weight_stride = o_weight.stride(0);
+    a.addend = addend.defined() ? addend.data_ptr() : nullptr;
+    a.proj_out = out.data_ptr();
+    a.hidden = static_cast<int>(o_weight.size(0));
+    a.o_in = static_cast<int>(o_weight.size(1));
+    const pg::RopeFreq freq = rotary::inv_freq_arg<float, pg::kMaxFastDim / 2>(rope, dim);
+    bool launched = false;
+    const int sms = multiprocessor_count(launch.device);
+    if (q.dtype() == DType::bf16) {
+      launched = pg::launch_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream);
+    } else {
+      launched = pg::launch_projected<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream);
+    }
+    if (launched) return;
+  }
+  Backend::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
+                                            scale, max_context, o_weight, addend, out);
 }
 
 void CudaBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) {
