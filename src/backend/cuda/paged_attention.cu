@@ -247,6 +247,9 @@ __device__ void project_rows(const PagedArgs& a, int64_t n, const T* x, float fi
   }
 }
 
+// The thread-block cluster's barrier in its two halves (sm_90): arrive publishes the thread's shared-memory writes
+// to the cluster (release) without waiting, wait returns once every thread of the cluster has arrived (acquire),
+// so work placed between the two overlaps the other CTAs' arrival.
 __device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
