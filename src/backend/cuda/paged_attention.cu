@@ -45,7 +45,6 @@
 #include <tuple>
 
 #include "../../core/cuda/device_errors.h"
-#include "attention_mma.cuh"
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "decode_phases.cuh"
@@ -178,14 +177,6 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
   y2 = from_acc<T>(second);
 }
 
-// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; the CTAs of one token are one
-// cluster, CTA rank h holding query head h): CTA h starts its o_cols rows of o_weight for L2 before it waits (no
-// kernel writes a weight), rounds its head's output to T as paged_decode_attention would write it, then every
-// CTA gathers the token's Hq * D outputs from the cluster's shared memory (one exchange of 2 bytes an element)
-// and computes its columns (project_rows), the addend added before the one rounding (linear_add's arithmetic).
-// Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
-// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights; but 14 SMs read o_weight here
-// instead of all of them, which gives most of that back (+2% tok/s, not the +16% of no o projection at all).
 // Starts an L2 fill of `bytes` (a multiple of 16) at the 16-byte aligned `p`, without waiting for it and
 // without an SM's loads in flight (sm_90's bulk prefetch; elsewhere nothing).
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
@@ -203,6 +194,16 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
   return s;
 }
 
+// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; the CTAs of one token are one
+// cluster, CTA rank h holding query head h): CTA h starts its o_cols rows of o_weight for L2 before it waits (no
+// kernel writes a weight), rounds its head's output to T as paged_decode_attention would write it, then every
+// CTA gathers the token's Hq * D outputs from the cluster's shared memory (one exchange of 2 bytes an element)
+// and computes its columns (project_rows), the addend added before the one rounding (linear_add's arithmetic).
+// Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
+// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights; but here 14 SMs read o_weight
+// instead of all of them, and that costs back most of what the boundary saved (+2% tok/s, where no o projection
+// at all gives +16%).
+//
 // kProject's last phase: this CTA's columns of out = addend + x o_weight^T, x the token's attention [o_in] in
 // shared memory. Warp w owns rows w, w + 8, ... of the CTA's columns, eight at a time with two 16-byte weight
 // loads each in flight per lane (from L2: the kernel's start put them there), f32 sums reduced across the warp.
@@ -263,8 +264,8 @@ __device__ __forceinline__ void cluster_wait() {
 
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
 // [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
-// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D], the token's
-// outputs [o_in] and the CTA's rows of o_weight [o_cols][o_in], all of T.
+// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D] and the token's
+// outputs [o_in], of T.
 template <typename T, int R, bool kDirect, bool kFused, bool kProject = false>
 __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
   static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
