@@ -771,6 +771,7 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
   const auto kernel = paged_staged_kernel<T, 1, true, true, true>;
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (!clusters_fit(kernel, device, cluster, smem)) return false;
+  const OpScope scope("paged_decode_attention_projected", device, stream);  // declined calls time their own ops
   launch_chained_in_clusters(cluster, kernel, dim3(static_cast<unsigned>(tokens * a.q_heads)), kStagedThreads, smem,
                              stream, device, a, freq);
   g_projected_launches.fetch_add(1, std::memory_order_relaxed);
@@ -936,7 +937,6 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
   const bool weight_rows = o_weight.stride(1) == 1 && o_weight.stride(0) % 8 == 0 && o_weight.size(1) % 8 == 0 &&
                            rows::aligned16(o_weight.data_ptr());
   if (sixteen_bit && weight_rows && pg::staged_fits(q, k_pool, v_pool, max_context)) {
-    OpScope scope("paged_decode_attention_projected", device_, detail::current_cuda_stream(device_));
     Launch launch(out);
     pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
                                          detail::cuda_error_word(device_));
