@@ -32,7 +32,7 @@
 // memory and each CTA computes 1/Hq of the columns (kProject below); elsewhere the o GEMV runs after it.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
-// paged_kv_write and paged_gather are one grid-stride kernel each, coalesced along D.
+// paged_kv_write and paged_gather, plain copies, are in paged_cache_copy.cu.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -62,7 +62,7 @@ using detail::report_device_error;
 
 constexpr int kStagedThreads = 256;  // the staged kernel
 constexpr int kStagedWarps = kStagedThreads / 32;
-constexpr int kSmallThreads = 128;  // the combine and simple kernels (write/gather use common.cuh's kThreads)
+constexpr int kSmallThreads = 128;  // the combine and simple kernels
 constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head); 1 when the grid would be small
 constexpr int kMaxChunk = 256;
 constexpr int kMinSplitChunk = 64;
@@ -578,52 +578,6 @@ __global__ void __launch_bounds__(kSmallThreads) paged_simple_kernel(const Paged
   for (int d = tid; d < D; d += kSmallThreads) o[d] = from_acc<T>(l > 0.f ? acc[d] / l : 0.f);
 }
 
-// pool[slots[n]] = k[n], v[n]: one thread per element of k, coalesced along D.
-struct WriteArgs {
-  const int32_t* slots;
-  int64_t slot_stride;
-  int64_t k_stride[3], v_stride[3];
-  int64_t kp_stride[4], vp_stride[4];
-  int64_t rows, heads, dim, block_size, n_slots;
-  uint64_t* error_word;
-};
-template <typename P, typename S>
-__global__ void paged_write_kernel(P* __restrict__ k_pool, P* __restrict__ v_pool, const S* __restrict__ k,
-                                   const S* __restrict__ v, const WriteArgs a) {
-  MICROLLM_GRID_STRIDE_LOOP(i, a.rows * a.heads * a.dim) {
-    const int64_t d = i % a.dim, h = (i / a.dim) % a.heads, n = i / (a.dim * a.heads);
-    const int64_t slot = a.slots[n * a.slot_stride];
-    if (slot < 0) continue;  // padding row
-    if (slot >= a.n_slots) {
-      if (h == 0 && d == 0) report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
-      continue;
-    }
-    const int64_t b = slot / a.block_size, r = slot % a.block_size;
-    k_pool[b * a.kp_stride[0] + r * a.kp_stride[1] + h * a.kp_stride[2] + d * a.kp_stride[3]] =
-        from_acc<P>(static_cast<float>(to_acc(k[n * a.k_stride[0] + h * a.k_stride[1] + d * a.k_stride[2]])));
-    v_pool[b * a.vp_stride[0] + r * a.vp_stride[1] + h * a.vp_stride[2] + d * a.vp_stride[3]] =
-        from_acc<P>(static_cast<float>(to_acc(v[n * a.v_stride[0] + h * a.v_stride[1] + d * a.v_stride[2]])));
-  }
-}
-
-// out [length, Hkv, D] contiguous = the sequence's first `length` rows; a bad block id gives zeros.
-template <typename T>
-__global__ void paged_gather_kernel(const T* __restrict__ pool, const int32_t* __restrict__ row, int64_t row_stride,
-                                    int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t length, int64_t heads,
-                                    int64_t dim, int64_t block_size, int64_t num_blocks, T* __restrict__ out,
-                                    uint64_t* error_word) {
-  MICROLLM_GRID_STRIDE_LOOP(i, length * heads * dim) {
-    const int64_t d = i % dim, h = (i / dim) % heads, j = i / (dim * heads);
-    const int64_t block = row[(j / block_size) * row_stride];
-    if (block < 0 || block >= num_blocks) {
-      if (h == 0 && d == 0) report_device_error(error_word, DeviceErrorCode::paged_block, block);
-      out[i] = from_acc<T>(0.f);
-      continue;
-    }
-    out[i] = pool[block * s0 + (j % block_size) * s1 + h * s2 + d * s3];
-  }
-}
-
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
 // shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256).
 bool fast_layout(const Tensor& pool) {
@@ -836,37 +790,6 @@ int64_t projected_launches() { return g_projected_launches.load(std::memory_orde
 
 using namespace cuda_kernels;
 
-void CudaBackend::paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
-                                 const Tensor& slots) {
-  OpScope scope("paged_kv_write", device_, detail::current_cuda_stream(device_));
-  Launch launch(k_pool);
-  paged::WriteArgs a{};
-  a.slots = slots.data<int32_t>();
-  a.slot_stride = slots.stride(0);
-  for (int d = 0; d < 3; ++d) {
-    a.k_stride[d] = k.stride(d);
-    a.v_stride[d] = v.stride(d);
-  }
-  for (int d = 0; d < 4; ++d) {
-    a.kp_stride[d] = k_pool.stride(d);
-    a.vp_stride[d] = v_pool.stride(d);
-  }
-  a.rows = k.size(0);
-  a.heads = k.size(1);
-  a.dim = k.size(2);
-  a.block_size = k_pool.size(1);
-  a.n_slots = k_pool.size(0) * k_pool.size(1);
-  a.error_word = detail::cuda_error_word(device_);
-  visit_float(k_pool.dtype(), "paged_kv_write", [&]<typename P>() {
-    visit_float(k.dtype(), "paged_kv_write", [&]<typename S>() {
-      paged::paged_write_kernel<P, S><<<grid_for(a.rows * a.heads * a.dim), kThreads, 0, launch.stream>>>(
-          static_cast<P*>(k_pool.data_ptr()), static_cast<P*>(v_pool.data_ptr()), static_cast<const S*>(k.data_ptr()),
-          static_cast<const S*>(v.data_ptr()), a);
-      MICROLLM_CUDA_CHECK_LAUNCH();
-    });
-  });
-}
-
 void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                   const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                   double scale, int64_t max_context, const Tensor& out) {
@@ -934,8 +857,7 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
   namespace pg = paged;
   const int64_t tokens = q.size(0), dim = q.size(2);
   const bool sixteen_bit = q.dtype() == DType::bf16 || q.dtype() == DType::f16;
-  const bool weight_rows = o_weight.stride(1) == 1 && o_weight.stride(0) % 8 == 0 && o_weight.size(1) % 8 == 0 &&
-                           rows::aligned16(o_weight.data_ptr());
+  const bool weight_rows = rows::rows_aligned16(o_weight) && o_weight.size(1) % 8 == 0;  // whole 16-byte packs
   if (sixteen_bit && weight_rows && pg::staged_fits(q, k_pool, v_pool, max_context)) {
     Launch launch(out);
     pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
@@ -960,19 +882,6 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
   }
   Backend::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
                                             scale, max_context, o_weight, addend, out);
-}
-
-void CudaBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) {
-  OpScope scope("paged_gather", device_, detail::current_cuda_stream(device_));
-  Launch launch(out);
-  visit_float(pool.dtype(), "paged_gather", [&]<typename T>() {
-    const int64_t n = length * pool.size(2) * pool.size(3);
-    paged::paged_gather_kernel<T><<<grid_for(n), kThreads, 0, launch.stream>>>(
-        static_cast<const T*>(pool.data_ptr()), block_table_row.data<int32_t>(), block_table_row.stride(0),
-        pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), length, pool.size(2), pool.size(3),
-        pool.size(1), pool.size(0), static_cast<T*>(out.data_ptr()), detail::cuda_error_word(device_));
-    MICROLLM_CUDA_CHECK_LAUNCH();
-  });
 }
 
 }  // namespace microllm
