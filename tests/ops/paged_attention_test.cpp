@@ -445,12 +445,15 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
   for (DType dtype : kPoolTypes) {
     for (bool with_addend : {true, false}) {
       // Qwen2.5-0.5B's heads (14 query heads of D 64 over 2 kv heads, hidden 896) within one split, one token
-      // and one token + a padding row: CUDA fuses these (and the two below) in 16-bit dtypes.
+      // and one token + a padding row: CUDA fuses these (and the two below) in 16-bit dtypes; on the H200's 132
+      // SMs one token takes four clusters with o_weight's rows in shared memory, two tokens one cluster each
+      // with its rows streamed through L2.
       check_projected_equals_composition(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), dtype, 896, with_addend,
                                          256, d, "qwen b1");
       check_projected_equals_composition(make_cache({200}, 16, 2, 14, 64, 1, true, d, 3, 256), dtype, 896, with_addend,
                                          256, d, "qwen b1 + padding");
-      // A hidden size that the 14 heads do not divide (the last CTA's columns are fewer), and a group of 4.
+      // A hidden size that the 14 heads do not divide (the last CTAs' columns are fewer or none), and a group of 4
+      // (two tokens, each four clusters of 8 CTAs).
       check_projected_equals_composition(make_cache({77}, 8, 2, 14, 64, 1, false, d, 3, 256), dtype, 900, with_addend,
                                          256, d, "hidden 900");
       check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,

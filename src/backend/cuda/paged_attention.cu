@@ -27,14 +27,14 @@
 // rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention. Launched chained
 // in a decode graph, it stages the cached rows before it waits for the kernel before (the qkv projection).
 // paged_decode_attention_projected adds the attention's output projection to that kernel where a token's query
-// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens and 128 KB of o_weight
-// a CTA: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs meet through the cluster's shared
-// memory and each CTA computes 1/Hq of the columns (kProject below); elsewhere the o GEMV runs after it.
+// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens, 32 KB of o_weight rows
+// a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
+// meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
+// batch 1 four clusters a token each compute the attention and a quarter of the columns); elsewhere the o GEMV
+// runs after it.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 // paged_kv_write and paged_gather, plain copies, are in paged_cache_copy.cu.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -50,6 +50,7 @@
 #include "decode_phases.cuh"
 #include "op_scope.h"
 #include "paged_attention.h"
+#include "paged_projection.cuh"
 #include "rope.cuh"
 #include "rows.cuh"
 
@@ -78,12 +79,15 @@ constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory
 constexpr int kMaxFastDim = 256;
 constexpr int kMaxSplits = 8192;  // the combine kernel keeps one weight per split in shared memory
 constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
-// paged_decode_attention_projected's one kernel (kProject) takes at most this many tokens and this many bytes of
-// o_weight per CTA. Measured in the model (2026-11-30, one call each): Qwen2.5-0.5B batch 8 fused 8,256 tok/s
-// against 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs);
-// R1-Distill-1.5B batch 1 (384 KB a CTA) 580 against 666.
+// paged_decode_attention_projected's one kernel (kProject) takes at most this many tokens, and a CTA at most this
+// many bytes of o_weight: staged in shared memory (replicated clusters) or streamed through L2 (one cluster a
+// token). Measured in the model (docs/perf/inference.md): Qwen2.5-0.5B batch 8 fused 8,256 tok/s against
+// 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs); R1-Distill-1.5B
+// batch 1 (384 KB a CTA) 580 against 666; replicas past half the SMs or 32 KB a CTA lost (projection_replicas).
 constexpr int64_t kMaxProjectedTokens = 2;
-constexpr int64_t kMaxProjectedBytes = 128 << 10;
+constexpr int64_t kMaxStagedProjection = 32 << 10;
+constexpr int64_t kMaxStreamedProjection = 128 << 10;
+constexpr int kMaxReplicas = 8;
 
 // The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
 using RopeFreq = rotary::InvFreq<float, kMaxFastDim / 2>;
@@ -119,13 +123,14 @@ struct PagedArgs {
   const int32_t* slots;
   int64_t slot_stride;
   int pair_step, partner;  // rotary pair i is dims (i * pair_step, i * pair_step + partner)
-  // paged_decode_attention_projected (kProject): out [N, hidden] = addend + attention @ o_weight^T; a cluster of
-  // q_heads CTAs per token, CTA h computing columns [h * o_cols, +o_cols) from its rows of o_weight [hidden, o_in].
+  // paged_decode_attention_projected (kProject): out [N, hidden] = addend + attention @ o_weight^T; `replicas`
+  // clusters of q_heads CTAs per token (grid y: the replica), each cluster computing the token's attention and
+  // CTA h of replica r columns [(r * q_heads + h) * o_cols, +o_cols) from its rows of o_weight [hidden, o_in].
   const void* o_weight;
   int64_t o_weight_stride;
   const void* addend;  // [N, hidden] contiguous, may be null
   void* proj_out;      // [N, hidden] contiguous
-  int hidden, o_in, o_cols;
+  int hidden, o_in, o_cols, replicas;
   int proj_offset;  // bytes of shared memory before the projection's region (16-byte aligned)
 };
 
@@ -177,98 +182,28 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
   y2 = from_acc<T>(second);
 }
 
-// Starts an L2 fill of `bytes` (a multiple of 16) at the 16-byte aligned `p`, without waiting for it and
-// without an SM's loads in flight (sm_90's bulk prefetch; elsewhere nothing).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
-  const T* e = reinterpret_cast<const T*>(&w);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s += to_acc(e[i]) * x[i];
-  return s;
-}
-
-// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; the CTAs of one token are one
-// cluster, CTA rank h holding query head h): CTA h starts its o_cols rows of o_weight for L2 before it waits (no
-// kernel writes a weight), rounds its head's output to T as paged_decode_attention would write it, then every
-// CTA gathers the token's Hq * D outputs from the cluster's shared memory (one exchange of 2 bytes an element)
-// and computes its columns (project_rows), the addend added before the one rounding (linear_add's arithmetic).
+// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; paged_projection.cuh): each
+// cluster computes one token's attention, CTA rank h holding query head h, and a token has `replicas` such
+// clusters (grid y). Before it waits (no kernel writes a weight) each CTA copies its o_cols rows of o_weight to
+// shared memory (replicas > 1) or starts them for L2 (one cluster a token); it rounds its head's output to T as
+// paged_decode_attention would write it, gathers the token's Hq * D outputs from the cluster's shared memory (one
+// exchange of 2 bytes an element) and computes its columns, the addend added before the one rounding
+// (linear_add's arithmetic).
 // Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
-// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights; but here 14 SMs read o_weight
-// instead of all of them, and that costs back most of what the boundary saved (+2% tok/s, where no o projection
-// at all gives +16%).
-//
-// kProject's last phase: this CTA's columns of out = addend + x o_weight^T, x the token's attention [o_in] in
-// shared memory. Warp w owns rows w, w + 8, ... of the CTA's columns, eight at a time with two 16-byte weight
-// loads each in flight per lane (from L2: the kernel's start put them there), f32 sums reduced across the warp.
-// first_addend: lane i loaded the addend of the warp's i-th row while the attention ran.
-template <typename T>
-__device__ void project_rows(const PagedArgs& a, int64_t n, const T* x, float first_addend) {
-  constexpr int kRows = 8;
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
-  const int cols = min(a.o_cols, a.hidden - col0), packs = a.o_in / 8;
-  const T* w = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
-  for (int i0 = 0; warp + i0 * kStagedWarps < cols; i0 += kRows) {
-    float acc[kRows] = {};
-    for (int p = lane; p < packs; p += 64) {
-      const bool second = p + 32 < packs;
-      uint4 wv[kRows][2];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int j = warp + (i0 + r) * kStagedWarps;
-        const uint4* row =
-            reinterpret_cast<const uint4*>(w + static_cast<int64_t>(j < cols ? j : 0) * a.o_weight_stride);
-        wv[r][0] = j < cols ? row[p] : make_uint4(0, 0, 0, 0);
-        wv[r][1] = j < cols && second ? row[p + 32] : make_uint4(0, 0, 0, 0);
-      }
-      float x0[8], x1[8];
-      load8(x + p * 8, x0);
-      if (second) {
-        load8(x + (p + 32) * 8, x1);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x1[e] = 0.f;
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] += dot8<T>(wv[r][0], x0) + dot8<T>(wv[r][1], x1);
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = warp_sum(acc[r]);
-      const int i = i0 + r, j = warp + i * kStagedWarps;
-      if (lane == i && j < cols) static_cast<T*>(a.proj_out)[n * a.hidden + col0 + j] = from_acc<T>(sum + first_addend);
-    }
-  }
-}
-
-// The thread-block cluster's barrier in its two halves (sm_90): arrive publishes the thread's shared-memory writes
-// to the cluster (release) without waiting, wait returns once every thread of the cluster has arrived (acquire),
-// so work placed between the two overlaps the other CTAs' arrival.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
+// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights. One cluster a token (14 SMs
+// reading 115 KB each from L2 after the attention) gave back part of that; replicated clusters repeat the
+// attention (its K/V rows are L2 hits after the first) so that o_weight spreads over 4x more SMs, in pieces small
+// enough to sit in shared memory beside the qkv kernel's CTAs while that kernel still runs.
 
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
 // [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
-// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D] and the token's
-// outputs [o_in], of T.
-template <typename T, int R, bool kDirect, bool kFused, bool kProject = false>
+// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D], the token's
+// outputs [o_in] and the CTA's rows of o_weight [o_cols][o_in], of T.
+// kRowsStaged (kProject, replicas > 1): the o_weight rows in shared memory, [o_cols][o_in] after the outputs.
+template <typename T, int R, bool kDirect, bool kFused, bool kProject = false, bool kRowsStaged = false>
 __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
   static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
+  static_assert(kProject || !kRowsStaged, "only the projection stages weight rows");
   extern __shared__ __align__(16) unsigned char paged_smem[];
   const int D = a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
   T* sk = reinterpret_cast<T*>(paged_smem);
@@ -293,20 +228,24 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   const int rb = blockIdx.x % a.row_blocks;
   const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
   const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
-  const int split = blockIdx.y, c0 = split * chunk;
+  // Grid y: the split, or with kProject the replica (one split); only the first replica writes the pools.
+  const int split = kProject ? 0 : static_cast<int>(blockIdx.y), c0 = split * chunk;
+  const bool first_replica = !kProject || blockIdx.y == 0;
   const int r0 = rb * R, nr = min(R, a.group - r0);
   const int tid = threadIdx.x;
-  const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0;
+  const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0 && first_replica;
+  // kProject: this CTA's output columns [col0(), col0() + cols()), recomputed where used (fewer live registers).
+  auto col0 = [&] { return projected_col0(a.q_heads, a.o_cols); };
+  auto cols = [&] { return projected_cols(a.q_heads, a.o_cols, a.hidden); };
   const Token tok = resolve(a, n, reporter);
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
   if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
     if constexpr (kFused) wait_for_inputs();
     if constexpr (kProject) {  // the token's attention is 0: its columns are the addend (every CTA of the
                                // cluster is here, so none waits at a cluster barrier)
-      const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
       T* o = static_cast<T*>(a.proj_out) + n * a.hidden;
       const T* add = static_cast<const T*>(a.addend);
-      for (int c = col0 + tid; c < min(a.hidden, col0 + a.o_cols); c += kStagedThreads) {
+      for (int c = col0() + tid; c < col0() + cols(); c += kStagedThreads) {
         o[c] = add ? add[n * a.hidden + c] : from_acc<T>(0.f);
       }
     } else if constexpr (kDirect) {  // one split: this CTA owns the output rows
@@ -329,7 +268,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     const int jj = p / pieces, part = (p % pieces) * kPiece;
     T* kd = sk + jj * pitch + part;
     T* vd = sv + jj * pitch + part;
-    const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0);
+    const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0 && first_replica);
     if (part == 0) bad[jj] = block < 0;
     if (block < 0) {  // zeros, so the skipped key's p = 0 never meets a NaN
       *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
@@ -342,21 +281,23 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   }
   T* head_out = reinterpret_cast<T*>(paged_smem + a.proj_offset);  // kProject's region
   T* x_full = head_out + D;
+  T* w_rows = x_full + a.o_in;  // kRowsStaged
+  auto o_rows = [&] { return static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0()) * a.o_weight_stride; };
   float first_addend = 0.f;
-  if constexpr (kProject) {  // the CTA's rows of o_weight (no kernel writes a weight) start for L2
-    const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
-    if (tid < min(a.o_cols, a.hidden - col0)) {
-      prefetch_l2(static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0 + tid) * a.o_weight_stride,
-                  static_cast<unsigned>(a.o_in * sizeof(T)));
+  if constexpr (kProject) {  // the CTA's rows of o_weight (no kernel writes a weight): to shared memory, or for L2
+    const int packs = a.o_in / 8;
+    if constexpr (kRowsStaged) {
+      for (int p = tid; p < cols() * packs; p += kStagedThreads) {
+        copy16_async(w_rows + p * 8, o_rows() + static_cast<int64_t>(p / packs) * a.o_weight_stride + p % packs * 8);
+      }
+    } else if (tid < cols()) {
+      prefetch_l2(o_rows() + static_cast<int64_t>(tid) * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
     }
   }
   if constexpr (kFused) wait_for_inputs();
   if constexpr (kProject) {  // the addend is an earlier kernel's output: read after the wait, used at the end
     const int lane = tid % 32, j = tid / 32 + lane * kStagedWarps;  // project_rows: this warp's lane-th row
-    const int col0 = static_cast<int>(blockIdx.x) % a.q_heads * a.o_cols;
-    if (a.addend && j < min(a.o_cols, a.hidden - col0)) {
-      first_addend = to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]);
-    }
+    if (a.addend && j < cols()) first_addend = to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0() + j]);
   }
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
   if constexpr (kFused) {
@@ -376,9 +317,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
       const int jj = nk - 1;
       const T* kn = static_cast<const T*>(a.k_new) + n * a.k_new_stride[0] + hk * a.k_new_stride[1];
       const T* vn = static_cast<const T*>(a.v_new) + n * a.v_new_stride[0] + hk * a.v_new_stride[1];
-      // The first row block writes the pools, once: the slot must be the table's slot for this position.
+      // The first row block (of the first replica) writes the pools, once: the slot must be the table's slot for
+      // this position.
       int64_t kw = -1, vw = -1;
-      if (rb == 0) {
+      if (rb == 0 && first_replica) {
         const int slot = a.slots[n * a.slot_stride];
         const int block = key_block(a, tok.seq, tok.pos, false);
         if (block >= 0 && slot == block * a.block_size + tok.pos % a.block_size) {
@@ -489,16 +431,15 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   if constexpr (kProject) {
     cluster_arrive();
     cluster_wait();  // every CTA of the token has written its head_out
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    for (int p = tid; p < a.o_in / 8; p += kStagedThreads) {
-      const int head = p * 8 / D;
-      const T* src = cluster.map_shared_rank(head_out, head) + (p * 8) % D;
-      *reinterpret_cast<uint4*>(x_full + p * 8) = *reinterpret_cast<const uint4*>(src);
-    }
+    gather_heads<kStagedThreads>(head_out, x_full, a.o_in, D);
     cluster_arrive();  // done reading the others' head_out; they may exit once all have arrived
     __syncthreads();
-    project_rows(a, n, x_full, first_addend);
+    T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0();
+    // From shared memory a row at a time; from L2 eight rows' loads in flight.
+    if constexpr (kRowsStaged)
+      project_rows<1, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, first_addend, out);
+    else
+      project_rows<8, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in, first_addend, out);
     cluster_wait();  // no CTA leaves while another may still read its shared memory
   }
 }
@@ -674,6 +615,26 @@ bool projection_fused() {
   return on;
 }
 
+// Clusters a token of the projected kernel gets (every cluster computes the token's attention and its share of
+// the o projection's columns, staged in shared memory): the most that keep the grid within half the SMs with at
+// most kMaxStagedProjection bytes of rows a CTA; else 1 (rows streamed through L2). Measured in the model
+// (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 2 / 3 / 4 / 5 / 6 / 8 replicas 1,389 /
+// 1,420 / 1,447 / 1,442 / 1,404 / 1,391 tok/s against 1,424 with one (the policy takes 4: 56 CTAs, 28 KB);
+// batch 2 with 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
+// MICROLLM_ATTENTION_O_REPLICAS=R forces R (an A/B switch; read once).
+int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
+  static const int forced = [] {
+    const char* env = std::getenv("MICROLLM_ATTENTION_O_REPLICAS");
+    return env == nullptr ? 0 : std::max(1, std::atoi(env));
+  }();
+  if (forced > 0) return forced;
+  int replicas = 1;
+  for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms / 2; ++r) {
+    if ((hidden + q_heads * r - 1) / (q_heads * r) * row_bytes <= kMaxStagedProjection) replicas = r;
+  }
+  return replicas;
+}
+
 // Whether clusters of `cluster` CTAs of `kernel` with `smem` bytes each can run on `device` (a GPC must hold
 // them at once); asked once per (kernel, device, cluster, smem).
 template <typename Kernel>
@@ -702,7 +663,8 @@ bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem) {
 
 // paged_decode_attention_projected in one kernel (kProject): where launch_staged would take one query head per
 // CTA and one split, the token's query heads fit a cluster (at most 16 CTAs) that the GPU can hold, and within
-// kMaxProjectedTokens and kMaxProjectedBytes. Returns false, having launched nothing, anywhere else.
+// kMaxProjectedTokens and kMaxStagedProjection / kMaxStreamedProjection. Returns false, having launched nothing,
+// anywhere else.
 template <typename T>
 bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
                       cudaStream_t stream) {
@@ -713,21 +675,25 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
     return false;
   }
   const size_t base = plan_staged<T, 1>(a, tokens, max_context, sms);
-  a.o_cols = (a.hidden + a.q_heads - 1) / a.q_heads;
-  if (tokens > kMaxProjectedTokens ||
-      int64_t{a.o_cols} * a.o_in * static_cast<int64_t>(sizeof(T)) > kMaxProjectedBytes) {
+  const int64_t row_bytes = int64_t{a.o_in} * static_cast<int64_t>(sizeof(T));
+  a.replicas = projection_replicas(tokens, a.q_heads, a.hidden, row_bytes, sms);
+  a.o_cols = static_cast<int>((a.hidden + int64_t{a.q_heads} * a.replicas - 1) / (int64_t{a.q_heads} * a.replicas));
+  const int64_t rows_bytes = a.o_cols * row_bytes;
+  if (tokens > kMaxProjectedTokens || rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) {
     return false;
   }
   if (a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane per row of a warp
   a.proj_offset = static_cast<int>((base + 15) / 16 * 16);
-  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T);
+  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
+                      static_cast<size_t>(a.replicas > 1 ? rows_bytes : 0);
   if (smem > static_cast<size_t>(max_shared_memory_optin(device))) return false;
-  const auto kernel = paged_staged_kernel<T, 1, true, true, true>;
+  const auto kernel = a.replicas > 1 ? paged_staged_kernel<T, 1, true, true, true, true>
+                                     : paged_staged_kernel<T, 1, true, true, true, false>;
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (!clusters_fit(kernel, device, cluster, smem)) return false;
   const OpScope scope("paged_decode_attention_projected", device, stream);  // declined calls time their own ops
-  launch_chained_in_clusters(cluster, kernel, dim3(static_cast<unsigned>(tokens * a.q_heads)), kStagedThreads, smem,
-                             stream, device, a, freq);
+  const dim3 grid(static_cast<unsigned>(tokens * a.q_heads), static_cast<unsigned>(a.replicas));
+  launch_chained_in_clusters(cluster, kernel, grid, kStagedThreads, smem, stream, device, a, freq);
   g_projected_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

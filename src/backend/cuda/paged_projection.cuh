@@ -1,0 +1,107 @@
+// Device pieces of paged_decode_attention_projected's last phase (paged_attention.cu, kProject): the cluster's
+// exchange of the query heads' outputs and the o projection of a CTA's share of the columns. A cluster holds one
+// token's query heads, CTA rank h head h; a token has `replicas` clusters (grid y), so CTA (h, replica r) owns
+// output columns [(r * q_heads + h) * o_cols, +o_cols). The cluster pieces are sm_90 (a HIP port compiles the
+// projected kernel out and runs the composition, docs/CUDA.md).
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "common.cuh"
+
+namespace microllm::cuda_kernels::paged {
+
+// The first of this CTA's o_cols output columns; past hidden for the last CTAs where the columns do not divide.
+__device__ __forceinline__ int projected_col0(int q_heads, int o_cols) {
+  return (static_cast<int>(blockIdx.y) * q_heads + static_cast<int>(blockIdx.x) % q_heads) * o_cols;
+}
+__device__ __forceinline__ int projected_cols(int q_heads, int o_cols, int hidden) {
+  return max(0, min(o_cols, hidden - projected_col0(q_heads, o_cols)));
+}
+
+// The thread-block cluster's barrier in its two halves (sm_90): arrive publishes the thread's shared-memory writes
+// to the cluster (release) without waiting, wait returns once every thread of the cluster has arrived (acquire),
+// so work placed between the two overlaps the other CTAs' arrival.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// Between a cluster barrier's wait and its next arrive: x [o_in] = every CTA's head [dim] in rank order, read
+// from the CTAs' shared memory (distributed shared memory), 16 bytes a thread at a time; kThreads = blockDim.x.
+template <int kThreads, typename T>
+__device__ void gather_heads(const T* head, T* x, int o_in, int dim) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  for (int p = static_cast<int>(threadIdx.x); p < o_in / 8; p += kThreads) {
+    const T* src = cluster.map_shared_rank(head, p * 8 / dim) + (p * 8) % dim;
+    *reinterpret_cast<uint4*>(x + p * 8) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
+// Starts an L2 fill of `bytes` (a multiple of 16) at the 16-byte aligned `p`, without waiting for it and
+// without an SM's loads in flight (sm_90's bulk prefetch; elsewhere nothing).
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
+  const T* e = reinterpret_cast<const T*>(&w);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s += to_acc(e[i]) * x[i];
+  return s;
+}
+
+// out[j] = round(first_addend of row j + x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in
+// elements (in shared memory, or global memory that the kernel's start put in L2), x [o_in] in shared memory.
+// Warp w of kWarps (blockDim.x / 32) owns rows w, w + kWarps, ..., kRows at a time with two 16-byte loads each in
+// flight per lane (8 hide L2's latency; 1 keeps the registers of a kernel whose rows are in shared memory), f32 sums
+// reduced across the warp; lane i writes the warp's i-th row, so first_addend (the addend of that row, or 0) is lane
+// i's: it was loaded while the attention ran.
+template <int kRows, int kWarps, typename T>
+__device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, float first_addend, T* out) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int packs = o_in / 8;
+  for (int i0 = 0; warp + i0 * kWarps < cols; i0 += kRows) {
+    float acc[kRows] = {};
+    for (int p = lane; p < packs; p += 64) {
+      const bool second = p + 32 < packs;
+      uint4 wv[kRows][2];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int j = warp + (i0 + r) * kWarps;
+        const uint4* row = reinterpret_cast<const uint4*>(w + (j < cols ? j : 0) * w_stride);
+        wv[r][0] = j < cols ? row[p] : make_uint4(0, 0, 0, 0);
+        wv[r][1] = j < cols && second ? row[p + 32] : make_uint4(0, 0, 0, 0);
+      }
+      float x0[8], x1[8];
+      load8(x + p * 8, x0);
+      if (second) {
+        load8(x + (p + 32) * 8, x1);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x1[e] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] += dot8<T>(wv[r][0], x0) + dot8<T>(wv[r][1], x1);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = warp_sum(acc[r]);
+      const int i = i0 + r, j = warp + i * kWarps;
+      if (lane == i && j < cols) out[j] = from_acc<T>(sum + first_addend);
+    }
+  }
+}
+
+}  // namespace microllm::cuda_kernels::paged
