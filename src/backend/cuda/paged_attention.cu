@@ -200,12 +200,13 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
 // one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D], the token's
 // outputs [o_in] and the CTA's rows of o_weight [o_cols][o_in], of T.
 // kRowsStaged (kProject, replicas > 1): the o_weight rows in shared memory, [o_cols][o_in] after the outputs.
-template <typename T, int R, bool kDirect, bool kFused, bool kProject = false, bool kRowsStaged = false>
+// kDim: the head dim when compiled for one (with_head_dim), else 0 and a.dim.
+template <typename T, int R, int kDim, bool kDirect, bool kFused, bool kProject = false, bool kRowsStaged = false>
 __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
   static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
   static_assert(kProject || !kRowsStaged, "only the projection stages weight rows");
   extern __shared__ __align__(16) unsigned char paged_smem[];
-  const int D = a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
+  const int D = kDim > 0 ? kDim : a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
   T* sk = reinterpret_cast<T*>(paged_smem);
   T* sv = sk + chunk * pitch;
   float* red = reinterpret_cast<float*>(paged_smem);
@@ -561,6 +562,18 @@ size_t plan_staged(PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
   return static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
 }
 
+// Calls f.template operator()<kDim>() with kDim = dim for the head dims the staged kernel is compiled for (its
+// index arithmetic then folds to constants after the wait, on the decode step's critical path), else kDim = 0.
+template <typename F>
+void with_head_dim(int dim, F&& f) {
+  if (dim == 64)
+    f.template operator()<64>();
+  else if (dim == 128)
+    f.template operator()<128>();
+  else
+    f.template operator()<0>();
+}
+
 // paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
 template <typename T, int R, bool kFused>
 void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
@@ -571,8 +584,11 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   const int64_t n_split = a.n_split;
   const dim3 grid(static_cast<unsigned>(tokens * a.kv_heads * a.row_blocks), static_cast<unsigned>(n_split));
   if (n_split == 1) {
-    raise_smem_limit<paged_staged_kernel<T, R, true, kFused>>(kMaxStagedSmem, device);
-    launch_chained(paged_staged_kernel<T, R, true, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
+    with_head_dim(a.dim, [&]<int kDim>() {
+      raise_smem_limit<paged_staged_kernel<T, R, kDim, true, kFused>>(kMaxStagedSmem, device);
+      launch_chained(paged_staged_kernel<T, R, kDim, true, kFused>, grid, kStagedThreads, smem, stream, device, a,
+                     freq);
+    });
     return;
   }
   const Tensor part_o = Tensor::empty({rows * n_split * a.dim}, DType::f32, dev);
@@ -581,8 +597,10 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
   a.part_o = part_o.data<float>();
   a.part_m = part_m.data<float>();
   a.part_l = part_l.data<float>();
-  raise_smem_limit<paged_staged_kernel<T, R, false, kFused>>(kMaxStagedSmem, device);
-  launch_chained(paged_staged_kernel<T, R, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
+  with_head_dim(a.dim, [&]<int kDim>() {
+    raise_smem_limit<paged_staged_kernel<T, R, kDim, false, kFused>>(kMaxStagedSmem, device);
+    launch_chained(paged_staged_kernel<T, R, kDim, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
+  });
   const size_t combine_smem = (n_split + 32) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
   launch_chained(paged_combine_kernel<T>, blocks, kSmallThreads, combine_smem, stream, device, a, rows);
@@ -687,8 +705,11 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
                       static_cast<size_t>(a.replicas > 1 ? rows_bytes : 0);
   if (smem > static_cast<size_t>(max_shared_memory_optin(device))) return false;
-  const auto kernel = a.replicas > 1 ? paged_staged_kernel<T, 1, true, true, true, true>
-                                     : paged_staged_kernel<T, 1, true, true, true, false>;
+  void (*kernel)(PagedArgs, RopeFreq) = nullptr;
+  with_head_dim(a.dim, [&]<int kDim>() {
+    kernel = a.replicas > 1 ? paged_staged_kernel<T, 1, kDim, true, true, true, true>
+                            : paged_staged_kernel<T, 1, kDim, true, true, true, false>;
+  });
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (!clusters_fit(kernel, device, cluster, smem)) return false;
   const OpScope scope("paged_decode_attention_projected", device, stream);  // declined calls time their own ops
