@@ -91,7 +91,7 @@ struct GemvArgs {
   void* out;           // [m, n] contiguous
   const void* addend;  // [m, n] contiguous, may be null: added to the product before its one rounding
   int m, n, k;
-  int split, chunks_per_warp;
+  int chunks_per_warp;  // of the launch's split (the kernel's kSplit)
   // RMSNorm folded in (kNorm): h = x + residual (residual may be null), normalized with norm_weight [k].
   const void* residual;
   int64_t residual_stride;
@@ -105,9 +105,9 @@ struct GemvArgs {
 
 // kNorm, before the wait: the norm weight (no kernel writes it) to shared memory, cp.async, as the thread's
 // first copy group (older than its ring's, so a wait for its ring's first chunk covers it).
-template <typename T>
+template <int kThreads, typename T>
 __device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
-  for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += static_cast<int>(blockDim.x)) {
+  for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += kThreads) {
     copy16_async(sg + p * 8, static_cast<const T*>(a.norm_weight) + p * 8);
   }
   copy_async_commit();
@@ -117,9 +117,9 @@ __device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
 // cp.async would queue behind the ring's weight copies), then a warp per row computes h, its rstd and the
 // normalized row in place in sx (rms_norm's roundings: norm.cu); CTA 0 also writes h. Needs k % 8 == 0 and
 // 16-byte aligned rows (the host checks).
-template <typename T>
+template <int kThreads, typename T>
 __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
-  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const int tid = static_cast<int>(threadIdx.x), threads = kThreads;
   const int packs = a.k / 8;
   for (int i = tid; i < a.m * packs; i += threads) {
     const int r = i / packs, p = i % packs;
@@ -174,9 +174,12 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg)
 // k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without SwiGLU
 // weight group i of the CTA is output group i; with it, weight groups 2i and 2i + 1 are the gate and the up
 // rows of output group i (one weight stream, one ring, per warp either way).
-template <typename T, bool kNorm, bool kSwiGLU>
+// kSplit: the launch's split (a.split), compiled in with the block size it implies (plan_launch), so the index
+// arithmetic after the wait folds to constants.
+template <typename T, bool kNorm, bool kSwiGLU, int kSplit>
 __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
   constexpr int kStreams = kSwiGLU ? 2 : 1;
+  constexpr int kThreads = 32 * (kSplit * kStreams > 4 ? kSplit * kStreams : 4);  // blockDim.x
   constexpr int kTile = kGemvMaxRows * kGroupRows;
   __shared__ float partial[kMaxThreads / 32][kTile];
   // Every thread's weight ring [warps][kRingSlots][32 lanes] of 16 bytes; then, with kNorm, the staged x rows
@@ -184,13 +187,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const int weight_groups = static_cast<int>(blockDim.x) / 32 / a.split;
+  const int weight_groups = kThreads / 32 / kSplit;
   const int out_groups = weight_groups / kStreams;
   const int64_t group0 = static_cast<int64_t>(blockIdx.x) * out_groups;  // the CTA's first output group
-  const int stream = (warp / a.split) % kStreams;                         // 0: plain / gate rows, 1: up rows
-  const int64_t row0 = (group0 + warp / a.split / kStreams) * kGroupRows;  // output column of this warp's row 0
+  const int stream = (warp / kSplit) % kStreams;                         // 0: plain / gate rows, 1: up rows
+  const int64_t row0 = (group0 + warp / kSplit / kStreams) * kGroupRows;  // output column of this warp's row 0
   const int chunks = (a.k + kChunk - 1) / kChunk;
-  const int c_begin = (warp % a.split) * a.chunks_per_warp;
+  const int c_begin = (warp % kSplit) * a.chunks_per_warp;
   const int c_end = min(chunks, c_begin + a.chunks_per_warp);
   const bool live = row0 < a.n;  // warp-uniform: the last CTA may hold groups past n
 
@@ -206,16 +209,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
     if (chunk_live(c)) copy16_async</*kPrefetch256=*/true>(slot(c), w_lane + c * kChunk);  // read once
     copy_async_commit();
   };
-  T* sx = reinterpret_cast<T*>(gemv_smem + blockDim.x * kRingBytesPerThread);
+  T* sx = reinterpret_cast<T*>(gemv_smem + kThreads * kRingBytesPerThread);
   T* sr = sx + (a.residual ? a.m * a.x_pitch : 0);
   T* sg = sr + a.m * a.x_pitch;
   // The weights are no kernel's output: the norm weight and the ring's first kRingSlots chunks stream in while
   // the kernel before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
-  if constexpr (kNorm) stage_norm_weight(a, sg);
+  if constexpr (kNorm) stage_norm_weight<kThreads>(a, sg);
   for (int j = 0; j < kRingSlots; ++j) fetch(c_begin + j);
   wait_for_prior_grids();
   chain_next_grids();
-  if constexpr (kNorm) stage_normalized_x(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
+  if constexpr (kNorm) stage_normalized_x<kThreads>(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
   // The addend of this thread's first output element (the epilogue's e = threadIdx.x), loaded now so that its
   // L2 round trip overlaps the stream instead of lengthening the epilogue.
   const T* addend = static_cast<const T*>(a.addend);
@@ -253,15 +256,15 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   partial[warp][g * kGroupRows + 2 * t + 1] = d[1];
   __syncthreads();
   T* out = static_cast<T*>(a.out);
-  for (int e = static_cast<int>(threadIdx.x); e < out_groups * kTile; e += static_cast<int>(blockDim.x)) {
+  for (int e = static_cast<int>(threadIdx.x); e < out_groups * kTile; e += kThreads) {
     const int group = e / kTile, b = e % kTile / kGroupRows, r = e % kGroupRows;
     const int64_t col = (group0 + group) * kGroupRows + r;
     if (b >= a.m || col >= a.n) continue;
     float acc[kStreams] = {};
 #pragma unroll
     for (int s = 0; s < kStreams; ++s) {
-      const int first_warp = (group * kStreams + s) * a.split;
-      for (int split = 0; split < a.split; ++split) acc[s] += partial[first_warp + split][b * kGroupRows + r];
+      const int first_warp = (group * kStreams + s) * kSplit;
+      for (int split = 0; split < kSplit; ++split) acc[s] += partial[first_warp + split][b * kGroupRows + r];
     }
     float y;
     if constexpr (kSwiGLU) {  // swiglu of the rounded gate_up product (activation.cu's SwigluFn)
@@ -371,16 +374,27 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     a.h_out = norm->h_out.defined() ? norm->h_out.data_ptr() : nullptr;
     a.x_pitch = static_cast<int>(x_pitch);
   }
-  a.split = l.split;
   a.chunks_per_warp = l.chunks_per_warp;
   const int device = out.device().index;
   std::optional<OpScope> op_scope;
   if (scope) op_scope.emplace(scope, device, stream);
-  auto launch = [&]<typename T, bool kNorm, bool kSwiGLU>() {
+  auto launch_split = [&]<typename T, bool kNorm, bool kSwiGLU, int kSplit>() {
     // The rings of 512 threads and the staged rows pass the 48 KB of dynamic shared memory that need no opt-in.
-    raise_smem_limit<decode_gemv_kernel<T, kNorm, kSwiGLU>>(kMaxThreads * kRingBytesPerThread + kMaxStaged, device);
-    launch_chained(decode_gemv_kernel<T, kNorm, kSwiGLU>, l.blocks, l.threads,
-                   static_cast<size_t>(l.threads) * kRingBytesPerThread + staged_bytes, stream, device, a);
+    constexpr auto kernel = decode_gemv_kernel<T, kNorm, kSwiGLU, kSplit>;
+    raise_smem_limit<kernel>(kMaxThreads * kRingBytesPerThread + kMaxStaged, device);
+    launch_chained(kernel, l.blocks, l.threads, static_cast<size_t>(l.threads) * kRingBytesPerThread + staged_bytes,
+                   stream, device, a);
+  };
+  auto launch = [&]<typename T, bool kNorm, bool kSwiGLU>() {
+    switch (l.split) {  // plan_launch's powers of two up to kMaxSplit / streams
+      case 1: return launch_split.template operator()<T, kNorm, kSwiGLU, 1>();
+      case 2: return launch_split.template operator()<T, kNorm, kSwiGLU, 2>();
+      case 4: return launch_split.template operator()<T, kNorm, kSwiGLU, 4>();
+      case 8: return launch_split.template operator()<T, kNorm, kSwiGLU, 8>();
+      default:
+        MICROLLM_CHECK(!kSwiGLU && l.split == 16, BackendError, "decode_gemv", "no kernel for split ", l.split);
+        if constexpr (!kSwiGLU) launch_split.template operator()<T, kNorm, kSwiGLU, 16>();
+    }
   };
   auto launch_folds = [&]<typename T>() {
     if (norm && swiglu) launch.template operator()<T, true, true>();
