@@ -636,9 +636,10 @@ bool projection_fused() {
 // Clusters a token of the projected kernel gets (every cluster computes the token's attention and its share of
 // the o projection's columns, staged in shared memory): the most that keep the grid within half the SMs with at
 // most kMaxStagedProjection bytes of rows a CTA; else 1 (rows streamed through L2). Measured in the model
-// (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 2 / 3 / 4 / 5 / 6 / 8 replicas 1,389 /
-// 1,420 / 1,447 / 1,442 / 1,404 / 1,391 tok/s against 1,424 with one (the policy takes 4: 56 CTAs, 28 KB);
-// batch 2 with 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
+// (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 4 replicas 1,463-1,466 tok/s against
+// 1,412-1,414 with one (the policy takes 4: 56 CTAs, 28 KB each); a sweep of the first build gave 2 / 3 / 4 / 5 /
+// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster, and batch 2 with
+// 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
 // MICROLLM_ATTENTION_O_REPLICAS=R forces R (an A/B switch; read once).
 int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
   static const int forced = [] {
