@@ -174,7 +174,7 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg)
 // k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without SwiGLU
 // weight group i of the CTA is output group i; with it, weight groups 2i and 2i + 1 are the gate and the up
 // rows of output group i (one weight stream, one ring, per warp either way).
-// kSplit: the launch's split (a.split), compiled in with the block size it implies (plan_launch), so the index
+// kSplit: the launch's split (plan_launch), compiled in with the block size it implies, so the index
 // arithmetic after the wait folds to constants.
 template <typename T, bool kNorm, bool kSwiGLU, int kSplit>
 __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
