@@ -1,12 +1,37 @@
 #include "microllm/backend/backend.h"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "cpu/cpu_backend.h"
+#include "environment.h"
 
 namespace microllm {
+
+namespace detail {
+
+bool switch_from_environment(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
+  if (std::strcmp(env, "0") == 0) return false;
+  throw ValueError("backend", str_cat(name, " must be 0 or 1, got \"", env, "\""));
+}
+
+int count_from_environment(const char* name, int lo, int hi) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || errno != 0 || value < lo || value > hi) {
+    throw ValueError("backend", str_cat(name, " must be a whole number in [", lo, ", ", hi, "], got \"", env, "\""));
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace detail
 
 #ifdef MICROLLM_WITH_CUDA
 Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
@@ -15,14 +40,7 @@ Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 
-// A switch from the environment: unset or "1" -> on, "0" -> off; anything else is a configuration mistake
-// worth an error.
-bool switch_from_environment(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  if (std::strcmp(env, "0") == 0) return false;
-  throw ValueError("backend", str_cat(name, " must be 0 or 1, got \"", env, "\""));
-}
+using detail::switch_from_environment;
 
 std::atomic<bool>& decode_gemv_flag() {
   static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMV")};

@@ -2,9 +2,8 @@
 // may chain launches.
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
+#include "../environment.h"
 #include "common.cuh"
 
 namespace microllm::cuda_kernels {
@@ -38,10 +37,7 @@ int compute_capability(int device) {
 int max_shared_memory_optin(int device) { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device); }
 
 bool chained_launches(int device) {
-  static const bool allowed = [] {
-    const char* env = std::getenv("MICROLLM_PDL");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool allowed = detail::switch_from_environment("MICROLLM_PDL");
   return allowed && cached_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 

@@ -38,13 +38,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 
 #include "../../core/cuda/device_errors.h"
+#include "../environment.h"
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "decode_phases.cuh"
@@ -611,11 +610,15 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
 // small and the context fits one chunk (a batch-1 decode step: 2 CTAs of 8 rows on 132 SMs otherwise), so
 // each CTA does an eighth of the score and P.V work and the group's heads run side by side (the K/V rows they
 // share come from L2 after the first).
+bool one_head_per_cta(const PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
+  const int64_t grouped_ctas = tokens * a.kv_heads * ((a.group + kRowsPerCta - 1) / kRowsPerCta);
+  return a.group > 1 && grouped_ctas < sms && max_context <= kMaxChunk;
+}
+
 template <typename T, bool kFused>
 void launch_staged(const PagedArgs& a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                    cudaStream_t stream) {
-  const int64_t grouped_ctas = tokens * a.kv_heads * ((a.group + kRowsPerCta - 1) / kRowsPerCta);
-  if (a.group > 1 && grouped_ctas < sms && max_context <= kMaxChunk) {
+  if (one_head_per_cta(a, tokens, max_context, sms)) {
     launch_staged_rows<T, 1, kFused>(a, freq, tokens, max_context, sms, dev, stream);
   } else {
     launch_staged_rows<T, kRowsPerCta, kFused>(a, freq, tokens, max_context, sms, dev, stream);
@@ -626,10 +629,7 @@ std::atomic<int64_t> g_projected_launches{0};
 
 // MICROLLM_ATTENTION_O=0 keeps the o projection in its own kernel (an A/B switch); read once.
 bool projection_fused() {
-  static const bool on = [] {
-    const char* env = std::getenv("MICROLLM_ATTENTION_O");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool on = detail::switch_from_environment("MICROLLM_ATTENTION_O");
   return on;
 }
 
@@ -640,12 +640,9 @@ bool projection_fused() {
 // 1,412-1,414 with one (the policy takes 4: 56 CTAs, 28 KB each); a sweep of the first build gave 2 / 3 / 4 / 5 /
 // 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster, and batch 2 with
 // 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
-// MICROLLM_ATTENTION_O_REPLICAS=R forces R (an A/B switch; read once).
+// MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
 int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
-  static const int forced = [] {
-    const char* env = std::getenv("MICROLLM_ATTENTION_O_REPLICAS");
-    return env == nullptr ? 0 : std::max(1, std::atoi(env));
-  }();
+  static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
   if (forced > 0) return forced;
   int replicas = 1;
   for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms / 2; ++r) {
@@ -688,9 +685,8 @@ template <typename T>
 bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
                       cudaStream_t stream) {
   constexpr int kMaxClusterCtas = 16;  // sm_90's largest (non-portable) cluster
-  const int64_t grouped_ctas = tokens * a.kv_heads * ((a.group + kRowsPerCta - 1) / kRowsPerCta);
-  if (!projection_fused() || compute_capability(device) < 90 || a.group <= 1 || grouped_ctas >= sms ||
-      max_context > kMaxChunk || a.q_heads > kMaxClusterCtas) {
+  if (!projection_fused() || compute_capability(device) < 90 || tokens > kMaxProjectedTokens ||
+      !one_head_per_cta(a, tokens, max_context, sms) || a.q_heads > kMaxClusterCtas) {
     return false;
   }
   const size_t base = plan_staged<T, 1>(a, tokens, max_context, sms);
@@ -698,9 +694,7 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
   a.replicas = projection_replicas(tokens, a.q_heads, a.hidden, row_bytes, sms);
   a.o_cols = static_cast<int>((a.hidden + int64_t{a.q_heads} * a.replicas - 1) / (int64_t{a.q_heads} * a.replicas));
   const int64_t rows_bytes = a.o_cols * row_bytes;
-  if (tokens > kMaxProjectedTokens || rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) {
-    return false;
-  }
+  if (rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) return false;
   if (a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane per row of a warp
   a.proj_offset = static_cast<int>((base + 15) / 16 * 16);
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
