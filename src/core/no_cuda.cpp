@@ -49,6 +49,7 @@ Graph& Graph::operator=(Graph&&) noexcept { return *this; }
 void Graph::replay() const { no_cuda("cuda graph"); }
 PinnedBuffer::PinnedBuffer(size_t) { no_cuda("pinned memory"); }
 PinnedBuffer::~PinnedBuffer() = default;
+void* PinnedBuffer::device_data() const { return nullptr; }
 PinnedBuffer::PinnedBuffer(PinnedBuffer&&) noexcept {}
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
 void copy_async(void*, const void*, size_t, CopyDirection, const Stream&) { no_cuda("copy"); }

@@ -12,6 +12,7 @@
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
 #include "microllm/nn/paged_kv_cache.h"
+#include "microllm/ops/paged_attention.h"
 #include "microllm/ops/sampling.h"
 
 namespace microllm::generate {
@@ -31,9 +32,11 @@ constexpr size_t kMaxChunkGraphs = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows of a decode step's inputs (i32 [kStepRows, max_batch]), uploaded in one copy per step. The ids it feeds
-// are on the device already (the step before sampled them there), but for a row's first step after a
-// one-token prompt, which uploads that token on its own.
+// Rows of a decode step's inputs (i32 [kStepRows, max_batch]). The step's last kernel moves them on by one
+// token (paged_decode_advance), so they are uploaded (in one copy) only when the next step wants something
+// else: a row starts or stops decoding. The ids a step feeds are on the device already (the step before
+// sampled them there), but for a row's first step after a one-token prompt, which uploads that token on its
+// own.
 enum StepRow : int64_t { kRopePositions, kAttentionPositions, kSlots, kStepRows };
 
 struct Sequence {
@@ -70,26 +73,33 @@ struct Engine::Impl {
 
   // Device state, allocated once (graphs replay these addresses).
   Tensor block_tables;  // i32 [max_batch, max_blocks_per_sequence]
-  Tensor step_inputs;   // i32 [kStepRows, max_batch]
+  Tensor step_inputs;   // i32 [kStepRows, max_batch]: what the next decode step reads
   Tensor row_ids;       // i32 [max_batch]: 0, 1, 2, ... (decode row r reads block table row r)
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
   int64_t sampler_columns = 0;
   Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
   Tensor tokens;        // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
 
-  // Where each step's sampled ids land on the host: host_tokens[0] and [1] i32 [max_batch], used by decode
-  // steps in turn (the steps in flight are at most two: see step()), and host_tokens[kPrefillBuffer] for a
-  // prefill's first token (read in the step that sampled it); pinned memory on CUDA (the copies run while the
-  // host works), host_storage on the CPU (where a step is done when enqueued).
+  // Where each step's sampled ids land on the host: host_tokens[0] and [1] i32 [max_batch], written by decode
+  // steps in turn (the steps in flight are at most two: see step()) through `outbox`, their device view, and
+  // host_tokens[kPrefillBuffer] for a prefill's first token (copied; read in the step that sampled it); pinned
+  // and mapped memory on CUDA (the step's last kernel writes it), host_storage on the CPU (where a step is done
+  // when enqueued).
   std::optional<cuda::PinnedBuffer> pinned;
   std::vector<int32_t> host_storage;
   int32_t* host_tokens[3] = {nullptr, nullptr, nullptr};
-  std::vector<int32_t> step_host;  // a decode step's inputs as built on the host, i32 [kStepRows, max_batch]
+  Tensor outbox;        // i32 [2, max_batch]: host_tokens[0] and [1] as the device writes them
+  Tensor step_counter;  // i32 [1] on the device: decode steps run; step n writes outbox row n % 2
+  // Host side (CPU tensors): a decode step's inputs as built, i32 [kStepRows, max_batch]; what step_inputs will
+  // hold once the steps enqueued have run (each moves its inputs on: the same op, run here); block_tables as
+  // uploaded, i32 [max_batch, max_blocks_per_sequence].
+  Tensor step_host, predicted_inputs, host_tables;
   // CUDA: every upload (a step's inputs, a prefill chunk's ids, a new row's block table and sampler state)
   // goes through pinned memory without waiting, so the device's queue never drains for one.
   std::optional<cuda::UploadStaging> staging;
   std::vector<std::unique_ptr<cuda::Event>> tokens_read;  // CUDA: host_tokens[i] holds its step's ids
   std::deque<StepInFlight> in_flight;  // oldest first
+  // The outbox row of the next decode step (step_counter % 2, as the host counts).
   int next_buffer = 0;
 
   std::optional<cuda::Stream> stream;  // CUDA: the engine's work, eager and replayed
@@ -153,14 +163,19 @@ struct Engine::Impl {
     if (stream) {
       pinned.emplace(host_ints * sizeof(int32_t));
       host = static_cast<int32_t*>(pinned->data());
+      outbox = Tensor::from_blob(pinned->device_data(), {2, b}, DType::i32, device);
       for (int i = 0; i < 3; ++i) tokens_read.push_back(std::make_unique<cuda::Event>(device.index));
       staging.emplace(*stream);
     } else {
       host_storage.assign(host_ints, 0);
       host = host_storage.data();
+      outbox = Tensor::from_blob(host, {2, b}, DType::i32, device);
     }
     for (int i = 0; i < 3; ++i) host_tokens[i] = host + i * b;
-    step_host.assign(static_cast<size_t>(kStepRows * b), 0);
+    step_counter = Tensor::zeros({1}, DType::i32, device);
+    step_host = Tensor::zeros({kStepRows, b}, DType::i32);
+    predicted_inputs = Tensor::zeros({kStepRows, b}, DType::i32);  // step_inputs' zeros
+    host_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32);
     row_ids = Tensor::arange(0, static_cast<double>(b), 1, DType::i32, device);
     sampler_columns = static_cast<int64_t>(SamplingParams().row().size());
     // Rows where no sequence decodes sample greedily (their ids are ignored), so that a step whose decoding
@@ -272,10 +287,10 @@ struct Engine::Impl {
 
   // The sequence's block table row, written once at admission.
   void upload_row_state(const Sequence& seq) {
-    const int64_t row = seq.row;
-    std::vector<int32_t> table(static_cast<size_t>(max_blocks_per_sequence), 0);
-    std::copy(seq.blocks.begin(), seq.blocks.end(), table.begin());
-    upload(block_tables.select(0, row), table.data(), max_blocks_per_sequence);
+    int32_t* table = host_tables.select(0, seq.row).data<int32_t>();
+    std::fill_n(table, max_blocks_per_sequence, 0);
+    std::copy(seq.blocks.begin(), seq.blocks.end(), table);
+    upload(block_tables.select(0, seq.row), table, max_blocks_per_sequence);
   }
 
   // The row samples from now on: the first token (from the prefill's last logits, or from the first decode
@@ -540,7 +555,10 @@ struct Engine::Impl {
     ctx.positions = step_inputs.select(0, kRopePositions).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
     const Tensor ids = tokens.narrow(0, 0, batch_rows).reshape({batch_rows, 1});
     const Tensor logits = model.forward(ids, ctx).value();  // [rows, 1, V]
-    sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), tokens.narrow(0, 0, batch_rows));
+    const Tensor chosen = tokens.narrow(0, 0, batch_rows);
+    sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), chosen);
+    // The next step's positions and slots, and the ids to the host: no copy either way.
+    paged_decode_advance(step_inputs, block_tables, options.block_size, chosen, outbox, step_counter);
   }
 
   // The decode step's graph for (rows, context bound, greedy_only), captured on first use.
@@ -595,9 +613,10 @@ struct Engine::Impl {
     return generated < seq.request.max_new_tokens && seq.cached < config.max_position_embeddings;
   }
 
-  // Enqueues one decode step for every sequence that feeds_next_step: one upload of the step's positions and
-  // slots (and of the first token of a sequence's first step), one graph replay, one download of the sampled
-  // ids. The ids are read later (read_oldest_step): meanwhile the host prepares the next step.
+  // Enqueues one decode step for every sequence that feeds_next_step: an upload of the step's positions and
+  // slots unless the step before left the same on the device (and of the first token of a sequence's first
+  // step), one graph replay, which ends by writing the sampled ids to host_tokens. The ids are read later
+  // (read_oldest_step): meanwhile the host prepares the next step.
   bool enqueue_decode_step() {
     std::vector<Sequence*> fed;
     int64_t highest_row = -1, longest = 0;
@@ -630,7 +649,7 @@ struct Engine::Impl {
     const int buffer = next_buffer;
     next_buffer ^= 1;
     const auto b = static_cast<size_t>(options.max_batch);
-    int32_t* host = step_host.data();
+    int32_t* host = step_host.data<int32_t>();
     std::fill_n(host + kRopePositions * b, b, 0);
     std::fill_n(host + kAttentionPositions * b, b, -1);
     std::fill_n(host + kSlots * b, b, -1);
@@ -641,7 +660,10 @@ struct Engine::Impl {
       host[kSlots * b + r] = slot_of(*s, s->cached);
       step.fed.emplace_back(s->row, s->id);
     }
-    upload(step_inputs, host, kStepRows * options.max_batch);
+    const bool changed = !std::equal(host, host + kStepRows * b, predicted_inputs.data<int32_t>());
+    if (changed) upload(step_inputs, host, kStepRows * options.max_batch);
+    predicted_inputs.copy_(step_host);
+    paged_decode_advance(predicted_inputs, host_tables, options.block_size);  // what the step leaves
     for (Sequence* s : fed) {
       if (!s->first_step) continue;
       upload(tokens.narrow(0, s->row, 1), &s->next_token, 1);
@@ -654,7 +676,6 @@ struct Engine::Impl {
     } else {
       decode_forward(batch_rows, context, all_greedy);
     }
-    download(host_tokens[buffer], tokens, batch_rows);
     if (stream) tokens_read[static_cast<size_t>(buffer)]->record(*stream);
     for (Sequence* s : fed) {
       ++s->cached;  // the fed token's k/v are written by the step
@@ -664,6 +685,7 @@ struct Engine::Impl {
     std::lock_guard<std::mutex> lock(mutex);
     ++counters.decode_steps;
     if (all_greedy) ++counters.greedy_decode_steps;
+    if (changed) ++counters.input_uploads;
     return true;
   }
 

@@ -242,4 +242,34 @@ Tensor paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t l
   return out;
 }
 
+void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
+                          const Tensor& outbox, const Tensor& counter) {
+  const char* op = "paged_decode_advance";
+  const auto i32 = [&](const Tensor& t, const char* name, int rank) {
+    checks::defined(op, t, name);
+    MICROLLM_CHECK(t.dtype() == DType::i32, DTypeError, op, name, " must be i32, got ", t.dtype());
+    checks::rank(op, t, name, rank);
+    checks::same_device(op, inputs, "inputs", t, name);
+  };
+  i32(inputs, "inputs", 2);
+  MICROLLM_CHECK(inputs.size(0) == 3 && inputs.is_contiguous(), ShapeError, op, "inputs shape ", inputs.shape(),
+                 " must be a contiguous [3, B] (rotary positions, attention positions, slots)");
+  i32(block_tables, "block_tables", 2);
+  MICROLLM_CHECK(block_tables.size(0) == inputs.size(1) && block_tables.size(1) > 0, ShapeError, op,
+                 "block_tables shape ", block_tables.shape(), " must be [B, max_blocks] with the B of inputs ",
+                 inputs.shape());
+  MICROLLM_CHECK(block_size >= 1, ValueError, op, "block_size must be >= 1, got ", block_size);
+  const bool hand_over = ids.defined() || outbox.defined() || counter.defined();
+  if (hand_over) {
+    i32(ids, "ids", 1);
+    i32(outbox, "outbox", 2);
+    i32(counter, "counter", 1);
+    MICROLLM_CHECK(outbox.size(0) >= 1 && outbox.size(1) >= ids.size(0) && outbox.stride(1) == 1, ShapeError, op,
+                   "outbox shape ", outbox.shape(), " must be [R >= 1, >= ", ids.size(0), "] with rows contiguous");
+    MICROLLM_CHECK(counter.size(0) == 1, ShapeError, op, "counter shape ", counter.shape(), " must be [1]");
+  }
+  if (inputs.size(1) == 0 && (!hand_over || ids.size(0) == 0)) return;
+  backend_for(inputs.device()).paged_decode_advance(inputs, block_tables, block_size, ids, outbox, counter);
+}
+
 }  // namespace microllm

@@ -100,6 +100,7 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
       << "every other token comes from a decode step";
   EXPECT_EQ(stats.discarded_rows, 0u) << "a request that ends by length is never fed past its budget";
   EXPECT_LT(stats.decode_steps, stats.decoded_sequences) << "decode steps batch several sequences";
+  EXPECT_LT(stats.input_uploads, stats.decode_steps) << "steps whose batch did not change upload nothing";
   EXPECT_EQ(stats.prompt_tokens, 5u + 1 + 23 + 9 + 40 + 3);
   if (GetParam().is_cuda()) {
     EXPECT_GT(stats.graph_replays, 0u);
@@ -253,6 +254,28 @@ TEST_P(EngineTest, TheFirstTokenComesFromThePrefillAlone) {
   EXPECT_EQ(stats.discarded_rows, 1u) << "the stopped request's first decode step";
   EXPECT_EQ(stats.generated_tokens, 1u + 3u);
   EXPECT_EQ(stats.kv_blocks_used, 0);
+}
+
+TEST_P(EngineTest, DecodeStepsOfAnUnchangedBatchUploadNothing) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  // Each step moves its positions and slots on by itself (across 4-token blocks here) and hands its ids to the
+  // host: the host uploads a step's inputs when a row starts or stops decoding, not otherwise.
+  const std::vector<EngineRequest> one{request(prompt(10), 21)};
+  {
+    Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4});
+    expect_each_as_alone(run(engine, one), one);
+    EXPECT_EQ(engine.stats().decode_steps, 20u);
+    EXPECT_EQ(engine.stats().input_uploads, 1u) << "only the first step's";
+  }
+  // The second joins the first's decoding two steps in (a row starts: upload), the first ends (its row stops
+  // being fed: upload); the rest need none.
+  const std::vector<EngineRequest> two{request(prompt(10), 21), request(prompt(6), 9)};
+  Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4, .prefill_chunk = 5});
+  expect_each_as_alone(run(engine, two), two);
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.decoded_sequences, 20u + 8u);
+  EXPECT_LE(stats.input_uploads, 3u) << stats.decode_steps << " decode steps";
+  EXPECT_GE(stats.input_uploads, 2u);
 }
 
 TEST_P(EngineTest, TinyChunksCaptureABoundedNumberOfGraphs) {

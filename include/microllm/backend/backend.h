@@ -151,6 +151,9 @@ class Backend {
   virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                    const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
                                    const Tensor& slots, const Tensor& q_out, const Tensor& k_out);
+  // paged_decode_advance (ops/paged_attention.h); ids, outbox and counter all undefined: no hand-over.
+  virtual void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
+                                    const Tensor& ids, const Tensor& outbox, const Tensor& counter) = 0;
   // out [length, Hkv, D] contiguous = the first `length` token rows of the blocks listed in
   // block_table_row [max_blocks] (length <= max_blocks * block_size).
   virtual void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length,

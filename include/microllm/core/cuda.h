@@ -144,6 +144,9 @@ class PinnedBuffer {
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
   void* data() const { return data_; }
+  // The same memory as kernels address it (mapped: a kernel may write it, and the host reads what it wrote
+  // once the kernel's work is synchronized, e.g. an Event recorded after it).
+  void* device_data() const;
   size_t bytes() const { return bytes_; }
 
  private:

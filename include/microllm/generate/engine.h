@@ -13,11 +13,13 @@
 //      a longer prompt runs eagerly;
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
-//      context bucket), so a step costs one upload of the step's positions/slots, one graph launch and one
-//      download of the chosen ids. Each step feeds the ids the step before sampled where they are, on the
-//      device, so step t + 1 is enqueued before step t's ids are read: the GPU runs it while the host hands
-//      step t's tokens to their requests. A stop id or a cancellation therefore shows one step late: the
-//      sequence was fed once more, and that token is discarded (EngineStats::discarded_rows).
+//      context bucket). The step's last kernel moves its positions and slots on by one token on the device
+//      and writes the chosen ids to pinned host memory, so while the batch stays the same a step costs one
+//      graph launch and no copy (the host uploads the inputs only when they change). Each step feeds the ids
+//      the step before sampled where they are, on the device, so step t + 1 is enqueued before step t's ids
+//      are read: the GPU runs it while the host hands step t's tokens to their requests. A stop id or a
+//      cancellation therefore shows one step late: the sequence was fed once more, and that token is
+//      discarded (EngineStats::discarded_rows).
 // Batching changes no result: each sequence attends only to its own blocks, and with greedy sampling a
 // request gets the tokens it gets alone.
 //
@@ -65,6 +67,8 @@ struct EngineStats {
   uint64_t prefill_graph_replays = 0;  // prefill chunks replayed from a graph (graph_replays counts decode steps)
   uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
   uint64_t decoded_sequences = 0;  // tokens decode steps gave their sequences: / decode_steps is the mean batch
+  uint64_t input_uploads = 0;      // decode steps that uploaded their positions and slots: the others found
+                                   // them moved on by the step before, on the device (the batch was the same)
   uint64_t prefill_samples = 0;    // first tokens sampled by a prefill's last chunk (every prompt of 2+ tokens)
   uint64_t discarded_rows = 0;     // rows fed for a sequence that had ended by the time their step was read
   uint64_t prompt_tokens = 0, generated_tokens = 0;

@@ -83,6 +83,20 @@ std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, 
                                               const Tensor& positions, const RopeParams& rope, const Tensor& k_pool,
                                               const Tensor& v_pool, const Tensor& slots);
 
+// The end of a decode step that a CUDA graph replays, so that the next step needs no copy while its batch is
+// the same: it moves the step's inputs on by one token on the device and hands the sampled ids to the host.
+//   inputs i32 [3, B] contiguous: rows rotary positions, attention positions and slots of B decode rows, row b
+//     of the batch reading row b of block_tables i32 [B, max_blocks]. A row with attention position p >= 0 moves
+//     on: rotary position + 1, attention position p + 1, slot block_tables[b][(p + 1) / block_size] *
+//     block_size + (p + 1) % block_size, or -1 once (p + 1) / block_size is past the table. A row with p < 0
+//     (not fed) stays. The engine predicts the result with this op on the host (the same rule) and uploads
+//     only when the next step wants something else.
+//   ids i32 [N], outbox i32 [R, >= N] (memory the host reads: pinned and mapped for CUDA) and counter i32 [1],
+//     all three on inputs' device, or all three undefined: outbox[counter % R][0, N) = ids, then counter += 1.
+//     With R = 2, two steps in flight write different rows; the host reads a row once its step has finished.
+void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids = {},
+                          const Tensor& outbox = {}, const Tensor& counter = {});
+
 // A contiguous copy [length, Hkv, D] of the first `length` cached tokens of one sequence, whose blocks are
 // block_table_row i32 [max_blocks] (length <= max_blocks * block_size): a prefill chunk runs the ordinary
 // attention() over its sequence's earlier keys plus its own.

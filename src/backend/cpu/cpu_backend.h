@@ -57,6 +57,8 @@ class CpuBackend final : public Backend {
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
                               int64_t max_context, const Tensor& out) override;
+  void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
+                            const Tensor& outbox, const Tensor& counter) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
 
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;

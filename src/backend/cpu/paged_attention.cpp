@@ -181,6 +181,28 @@ void CpuBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const 
                                   max_context, out);
 }
 
+void CpuBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
+                                      const Tensor& ids, const Tensor& outbox, const Tensor& counter) {
+  if (ids.defined()) {  // hand the ids over first: a step's ids and inputs are independent
+    auto* count = static_cast<int32_t*>(counter.data_ptr());
+    auto* row = static_cast<int32_t*>(outbox.data_ptr()) + (*count % outbox.size(0)) * outbox.stride(0);
+    for (int64_t n = 0; n < ids.size(0); ++n) row[n] = static_cast<int32_t>(at(ids, n));
+    *count += 1;
+  }
+  const int64_t batch = inputs.size(1), columns = block_tables.size(1);
+  auto* rope_positions = static_cast<int32_t*>(inputs.data_ptr());
+  int32_t* positions = rope_positions + batch;
+  int32_t* slots = positions + batch;
+  for (int64_t b = 0; b < batch; ++b) {
+    if (positions[b] < 0) continue;  // not fed
+    const int64_t next = positions[b] + 1, column = next / block_size;
+    rope_positions[b] += 1;
+    positions[b] = static_cast<int32_t>(next);
+    slots[b] =
+        column < columns ? static_cast<int32_t>(at(block_tables, b, column) * block_size + next % block_size) : -1;
+  }
+}
+
 void CpuBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) {
   const char* op = "paged_gather";
   const int64_t block_size = pool.size(1), heads = pool.size(2), dim = pool.size(3);

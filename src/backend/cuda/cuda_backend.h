@@ -73,6 +73,8 @@ class CudaBackend final : public Backend {
   void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                            const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                            const Tensor& q_out, const Tensor& k_out) override;
+  void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
+                            const Tensor& outbox, const Tensor& counter) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
 
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& loss) override;

@@ -1,5 +1,6 @@
 // CUDA kernels of the paged KV cache's copies (include/microllm/ops/paged_attention.h): paged_kv_write and
-// paged_gather, one grid-stride kernel each, coalesced along D. Bad slots and block ids are skipped (gather
+// paged_gather, one grid-stride kernel each, coalesced along D; and paged_decode_advance, a decode step's last
+// kernel. Bad slots and block ids are skipped (gather
 // writes zeros) and reported through the device error word (IndexError at the next synchronization); the
 // attention kernels are in paged_attention.cu.
 #include "../../core/cuda/device_errors.h"
@@ -60,6 +61,38 @@ __global__ void paged_gather_kernel(const T* __restrict__ pool, const int32_t* _
   }
 }
 
+// paged_decode_advance in one CTA (a batch is at most a few hundred rows). Launched chained at the end of a
+// captured step, it waits before anything else: the step's kernels read `inputs` until they finish.
+constexpr int kAdvanceThreads = 256;
+__global__ void decode_advance_kernel(int32_t* __restrict__ inputs, int64_t batch, const int32_t* __restrict__ tables,
+                                      int64_t row_stride, int64_t column_stride, int64_t columns, int64_t block_size,
+                                      const int32_t* __restrict__ ids, int64_t id_stride, int64_t n_ids,
+                                      int32_t* __restrict__ outbox, int64_t outbox_rows, int64_t outbox_stride,
+                                      int32_t* __restrict__ counter) {
+  wait_for_prior_grids();
+  if (ids != nullptr) {
+    const int32_t count = *counter;
+    int32_t* row = outbox + (count % outbox_rows) * outbox_stride;  // pinned host memory: PCIe writes
+    for (int64_t n = threadIdx.x; n < n_ids; n += kAdvanceThreads) row[n] = ids[n * id_stride];
+    __syncthreads();  // every thread has read the counter
+    if (threadIdx.x == 0) *counter = count + 1;
+  }
+  int32_t* rope_positions = inputs;
+  int32_t* positions = inputs + batch;
+  int32_t* slots = inputs + 2 * batch;
+  for (int64_t b = threadIdx.x; b < batch; b += kAdvanceThreads) {
+    const int32_t position = positions[b];
+    if (position < 0) continue;  // not fed
+    const int64_t next = position + 1, column = next / block_size;
+    rope_positions[b] += 1;
+    positions[b] = static_cast<int32_t>(next);
+    slots[b] =
+        column < columns
+            ? static_cast<int32_t>(tables[b * row_stride + column * column_stride] * block_size + next % block_size)
+            : -1;
+  }
+}
+
 }  // namespace
 }  // namespace cuda_kernels::paged
 
@@ -107,6 +140,19 @@ void CudaBackend::paged_gather(const Tensor& pool, const Tensor& block_table_row
         pool.size(1), pool.size(0), static_cast<T*>(out.data_ptr()), detail::cuda_error_word(device_));
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
+}
+
+void CudaBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
+                                       const Tensor& ids, const Tensor& outbox, const Tensor& counter) {
+  OpScope scope("paged_decode_advance", device_, detail::current_cuda_stream(device_));
+  Launch launch(inputs);
+  const bool hand_over = ids.defined();
+  launch_chained(paged::decode_advance_kernel, 1, paged::kAdvanceThreads, 0, launch.stream, launch.device,
+                 inputs.data<int32_t>(), inputs.size(1), block_tables.data<int32_t>(), block_tables.stride(0),
+                 block_tables.stride(1), block_tables.size(1), block_size, hand_over ? ids.data<int32_t>() : nullptr,
+                 hand_over ? ids.stride(0) : int64_t{0}, hand_over ? ids.size(0) : int64_t{0},
+                 hand_over ? outbox.data<int32_t>() : nullptr, hand_over ? outbox.size(0) : int64_t{1},
+                 hand_over ? outbox.stride(0) : int64_t{0}, hand_over ? counter.data<int32_t>() : nullptr);
 }
 
 }  // namespace microllm

@@ -172,6 +172,8 @@ __global__ void __launch_bounds__(kChunkThreads)
     sample_max_kernel(Rows rows, int64_t chunk, uint64_t* partial, int* segment_begin, int* segment_end) {
   __shared__ uint64_t scratch[32];
   const int64_t b = blockIdx.x, c = blockIdx.y;
+  wait_for_prior_grids();  // the logits
+  chain_next_grids();
   if (c == 0 && threadIdx.x == 0 && segment_begin != nullptr) {
     segment_begin[b] = static_cast<int>(b * rows.vocab);
     segment_end[b] = static_cast<int>(b * rows.vocab);
@@ -204,6 +206,8 @@ __global__ void __launch_bounds__(kChunkThreads)
                           int* segment_end, uint64_t* error_word) {
   __shared__ uint64_t scratch[32];
   const int64_t b = blockIdx.x, c = blockIdx.y;
+  wait_for_prior_grids();  // the partials
+  chain_next_grids();
   const RowParams p = params_of(rows, b);
   const bool greedy = kGreedyOnly || p.greedy();
   if (greedy && c != 0) return;  // the whole block: p is the row's
@@ -349,12 +353,12 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
     end = begin + batch;
   }
   visit_float(logits.dtype(), "sample_tokens", [&]<typename T>() {
-    sample_max_kernel<T><<<grid, kChunkThreads, 0, launch.stream>>>(rows, chunks.size, partial, begin, end);
-    MICROLLM_CUDA_CHECK_LAUNCH();
+    // Chained (inside a captured decode step): each launch overlaps the tail of the kernel before it.
+    launch_chained(sample_max_kernel<T>, grid, kChunkThreads, 0, launch.stream, launch.device, rows, chunks.size,
+                   partial, begin, end);
     const auto prepare = greedy_only ? sample_prepare_kernel<T, true> : sample_prepare_kernel<T, false>;
-    prepare<<<greedy_only ? row_grid : grid, kChunkThreads, 0, launch.stream>>>(
-        rows, chunks.size, partial, static_cast<int>(chunks.count), unsorted, end, error_word);
-    MICROLLM_CUDA_CHECK_LAUNCH();
+    launch_chained(prepare, greedy_only ? row_grid : grid, kChunkThreads, 0, launch.stream, launch.device, rows,
+                   chunks.size, partial, static_cast<int>(chunks.count), unsorted, end, error_word);
   });
   if (greedy_only) return;  // every row finished in the prepare kernel
   const int items = static_cast<int>(batch * vocab), segment_count = static_cast<int>(batch);

@@ -330,8 +330,14 @@ void cuda_copy_strided(const Tensor& src, const Tensor& dst) {
 namespace microllm::cuda {
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
-  // Portable: pinned for every device's copies, not only the current one's.
-  MICROLLM_CUDA_CHECK(cudaHostAlloc(&data_, std::max<size_t>(bytes, 1), cudaHostAllocPortable));
+  // Portable: pinned for every device's copies, not only the current one's; mapped: kernels may address it.
+  MICROLLM_CUDA_CHECK(cudaHostAlloc(&data_, std::max<size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped));
+}
+
+void* PinnedBuffer::device_data() const {
+  void* device = nullptr;
+  MICROLLM_CUDA_CHECK(cudaHostGetDevicePointer(&device, data_, 0));
+  return device;
 }
 
 PinnedBuffer::~PinnedBuffer() {
