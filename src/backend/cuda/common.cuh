@@ -127,7 +127,8 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // steps and prefill chunks, where no kernel writes a weight, so a chained kernel may load its weights
 // (RMSNorm's, a GEMV's) before it waits; paged_decode_attention likewise stages the KV cache's rows of earlier
 // steps (the step's positions and block tables are on the device before the graph runs: uploaded, or moved on
-// by the step before's last kernel, paged_decode_advance, which writes them only after its own wait). Outside a capture (training, eager forwards) every launch is plain and waits in stream order.
+// by the step before's last kernel, paged_decode_advance, which writes them only after its own wait).
+// Outside a capture (training, eager forwards) every launch is plain and waits in stream order.
 // MICROLLM_PDL=0 makes every launch plain (an A/B switch).
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
