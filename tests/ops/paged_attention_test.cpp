@@ -458,9 +458,17 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                          256, d, "hidden 900");
       check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,
                                          with_addend, 128, d, "group 4");
+      // Past one split (a long context): the splits, then one kernel merging them and projecting (a cluster a
+      // token through L2); one token, two, and one with a padding row.
+      check_projected_equals_composition(make_cache({1500}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896,
+                                         with_addend, 2048, d, "long context b1");
+      check_projected_equals_composition(make_cache({900, 2040}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896,
+                                         with_addend, 4096, d, "long context b2");
+      check_projected_equals_composition(make_cache({700}, 16, 2, 14, 64, 1, true, d, 3, 1024), dtype, 900, with_addend,
+                                         1024, d, "long context + padding, hidden 900");
     }
-    // Declined by CUDA's fused kernel (the composition runs): several splits; R1-1.5B's o_weight (384 KB a CTA);
-    // four tokens.
+    // Declined by CUDA's fused kernels (the composition runs): several splits over four token rows; R1-1.5B's
+    // o_weight (384 KB a CTA); four tokens.
     check_projected_equals_composition(make_cache({300, 17}, 16, 2, 14, 64, 1, true, d, 3, 2048), dtype, 896, true,
                                        2048, d, "splits");
     check_projected_equals_composition(make_cache({70}, 16, 2, 12, 128, 1, false, d, 3, 256), dtype, 1536, true, 256, d,
@@ -469,9 +477,10 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                        true, 256, d, "four tokens");
   }
 #ifdef MICROLLM_WITH_CUDA
-  // 4 cases x 2 addends x {bf16, f16}: a silent fallback would pass the comparisons above without testing the kernel.
+  // 7 cases x 2 addends x {bf16, f16}: a silent fallback would pass the comparisons above without testing the
+  // kernels.
   if (d.is_cuda()) {
-    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 16);
+    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 28);
   }
 #endif
 }

@@ -462,6 +462,34 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
   }
 }
 
+// paged_decode_attention_projected past one split: the combine kernel and the o projection in one launch
+// (combine_and_project), grid (tokens x q_heads) in clusters of q_heads, CTA rank h merging query head h.
+// Shared memory: the merge's [n_split + 32] floats, then from proj_offset head [D] and the token's heads [o_in].
+template <typename T>
+__global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(const PagedArgs a) {
+  constexpr int kWarps = kSmallThreads / 32;
+  extern __shared__ __align__(16) unsigned char combine_projected_smem[];
+  const int64_t n = blockIdx.x / a.q_heads, row = blockIdx.x;  // row (n, h) of [N * Hq]
+  const int col0 = projected_col0(a.q_heads, a.o_cols), cols = projected_cols(a.q_heads, a.o_cols, a.hidden);
+  const T* w = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
+  if (static_cast<int>(threadIdx.x) < cols) {  // no kernel writes a weight: start the rows before the wait
+    prefetch_l2(w + threadIdx.x * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
+  }
+  wait_for_prior_grids();  // the splits' partials, the addend
+  chain_next_grids();
+  const int lane = threadIdx.x % 32, j = threadIdx.x / 32 + lane * kWarps;  // project_rows: this lane's row
+  const float first_addend =
+      a.addend && j < cols ? to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]) : 0.f;
+  // The staged kernel reported bad values; a padding row merges no split: a head of zeros.
+  const Token tok = resolve(a, n, false);
+  const int used = (tok.len + a.chunk - 1) / a.chunk;
+  T* head = reinterpret_cast<T*>(combine_projected_smem + a.proj_offset);
+  combine_and_project<kSmallThreads>(
+      a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * a.dim, used, a.dim,
+      reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, w, a.o_weight_stride,
+      cols, first_addend, static_cast<T*>(a.proj_out) + n * a.hidden + col0);
+}
+
 // Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an
 // online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
 template <typename T>
@@ -573,10 +601,12 @@ void with_head_dim(int dim, F&& f) {
     f.template operator()<0>();
 }
 
-// paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine).
-template <typename T, int R, bool kFused>
+// paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine); with kProject
+// (several splits, launch_split_projected's plan) the combine is paged_combine_projected_kernel, `projected_smem`
+// bytes a CTA.
+template <typename T, int R, bool kFused, bool kProject = false>
 void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, size_t projected_smem = 0) {
   const int device = dev.index;
   const int64_t rows = tokens * a.q_heads;
   const size_t smem = plan_staged<T, R>(a, tokens, max_context, sms);
@@ -600,6 +630,11 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
     raise_smem_limit<paged_staged_kernel<T, R, kDim, false, kFused>>(kMaxStagedSmem, device);
     launch_chained(paged_staged_kernel<T, R, kDim, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
   });
+  if constexpr (kProject) {
+    launch_chained_in_clusters(static_cast<unsigned>(a.q_heads), paged_combine_projected_kernel<T>,
+                               static_cast<unsigned>(rows), kSmallThreads, projected_smem, stream, device, a);
+    return;
+  }
   const size_t combine_smem = (n_split + 32) * sizeof(float);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 20));
   launch_chained(paged_combine_kernel<T>, blocks, kSmallThreads, combine_smem, stream, device, a, rows);
@@ -654,11 +689,11 @@ int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t
 // Whether clusters of `cluster` CTAs of `kernel` with `smem` bytes each can run on `device` (a GPC must hold
 // them at once); asked once per (kernel, device, cluster, smem).
 template <typename Kernel>
-bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem) {
+bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem, int threads = kStagedThreads) {
   static std::mutex mutex;
   static std::map<std::tuple<const void*, int, unsigned, size_t>, bool> answers;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::tuple{reinterpret_cast<const void*>(kernel), device, cluster, smem};
+  const auto key = std::tuple{reinterpret_cast<const void*>(kernel), device, cluster, smem};  // one block size each
   if (const auto it = answers.find(key); it != answers.end()) return it->second;
   MICROLLM_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_memory_optin(device)));
@@ -668,7 +703,7 @@ bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem) {
   attribute.val.clusterDim = {cluster, 1, 1};
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(cluster);
-  config.blockDim = dim3(kStagedThreads);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem;
   config.attrs = &attribute;
   config.numAttrs = 1;
@@ -710,6 +745,38 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
   const OpScope scope("paged_decode_attention_projected", device, stream);  // declined calls time their own ops
   const dim3 grid(static_cast<unsigned>(tokens * a.q_heads), static_cast<unsigned>(a.replicas));
   launch_chained_in_clusters(cluster, kernel, grid, kStagedThreads, smem, stream, device, a, freq);
+  g_projected_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// paged_decode_attention_projected past one split: where launch_staged's plan has several splits (a context past
+// one chunk), at most kMaxProjectedTokens tokens whose query heads fit a cluster, and each CTA's o_cols rows fit
+// kMaxStreamedProjection: the splits, then paged_combine_projected_kernel in place of the combine kernel and the
+// o GEMV. Returns false, having launched nothing, anywhere else.
+template <typename T>
+bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                            cudaStream_t stream) {
+  constexpr int kMaxClusterCtas = 16;
+  const int device = dev.index;
+  if (!projection_fused() || compute_capability(device) < 90 || tokens > kMaxProjectedTokens ||
+      a.q_heads > kMaxClusterCtas || one_head_per_cta(a, tokens, max_context, sms)) {
+    return false;  // (one head a CTA: one split, launch_projected's)
+  }
+  PagedArgs plan = a;
+  plan_staged<T, kRowsPerCta>(plan, tokens, max_context, sms);
+  a.replicas = 1;
+  a.o_cols = (a.hidden + a.q_heads - 1) / a.q_heads;
+  const int64_t rows_bytes = int64_t{a.o_cols} * a.o_in * static_cast<int64_t>(sizeof(T));
+  if (plan.n_split == 1 || rows_bytes > kMaxStreamedProjection || a.o_cols > 32 * (kSmallThreads / 32)) return false;
+  a.proj_offset = static_cast<int>(((plan.n_split + 32) * sizeof(float) + 15) / 16 * 16);
+  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T);
+  const auto cluster = static_cast<unsigned>(a.q_heads);
+  if (smem > static_cast<size_t>(max_shared_memory_optin(device)) ||
+      !clusters_fit(paged_combine_projected_kernel<T>, device, cluster, smem, kSmallThreads)) {
+    return false;
+  }
+  const OpScope scope("paged_decode_attention_projected", device, stream);
+  launch_staged_rows<T, kRowsPerCta, true, true>(a, freq, tokens, max_context, sms, dev, stream, smem);
   g_projected_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -856,9 +923,12 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
     bool launched = false;
     const int sms = multiprocessor_count(launch.device);
     if (q.dtype() == DType::bf16) {
-      launched = pg::launch_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream);
+      launched =
+          pg::launch_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+          pg::launch_split_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     } else {
-      launched = pg::launch_projected<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream);
+      launched = pg::launch_projected<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+                 pg::launch_split_projected<__half>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     }
     if (launched) return;
   }

@@ -1,5 +1,6 @@
-// Device pieces of paged_decode_attention_projected's last phase (paged_attention.cu, kProject): the cluster's
-// exchange of the query heads' outputs and the o projection of a CTA's share of the columns. A cluster holds one
+// Device pieces of paged_decode_attention_projected's last phase (paged_attention.cu: kProject, and past one
+// split the combine kernel's projected form): the cluster's exchange of the query heads' outputs and the o
+// projection of a CTA's share of the columns. A cluster holds one
 // token's query heads, CTA rank h head h; a token has `replicas` clusters (grid y), so CTA (h, replica r) owns
 // output columns [(r * q_heads + h) * o_cols, +o_cols). The cluster pieces are sm_90 (a HIP port compiles the
 // projected kernel out and runs the composition, docs/CUDA.md).
@@ -8,6 +9,7 @@
 #include <cooperative_groups.h>
 
 #include "common.cuh"
+#include "decode_phases.cuh"
 
 namespace microllm::cuda_kernels::paged {
 
@@ -102,6 +104,24 @@ __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols,
       if (lane == i && j < cols) out[j] = from_acc<T>(sum + first_addend);
     }
   }
+}
+
+// Past one split (a long context) the projection follows the combine instead: a cluster per token, CTA rank h
+// merging head h's splits into `head` [dim] (combine_row: the combine kernel's arithmetic and rounding when
+// kThreads is its block size), then the exchange and the CTA's columns as above, rows w streamed through L2
+// (started before the kernel's wait). w_scratch: the merge's [used] weights and 32 floats of reduction scratch.
+template <int kThreads, typename T>
+__device__ void combine_and_project(const float* m, const float* l, const float* part_o, int used, int dim,
+                                    float* w_scratch, int n_split, T* head, T* x, int o_in, const T* w,
+                                    int64_t w_stride, int cols, float first_addend, T* out) {
+  decode_phases::combine_row(m, l, part_o, used, dim, w_scratch, w_scratch + n_split, head);  // ends with a barrier
+  cluster_arrive();
+  cluster_wait();  // every CTA of the token has its head
+  gather_heads<kThreads>(head, x, o_in, dim);
+  cluster_arrive();  // done reading the others' heads; they may exit once all have arrived
+  __syncthreads();
+  project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
+  cluster_wait();  // no CTA leaves while another may still read its shared memory
 }
 
 }  // namespace microllm::cuda_kernels::paged
