@@ -64,8 +64,9 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
 // stream; undefined for none) added before the one rounding. o_weight [hidden, Hq * D] and addend [N, hidden] in
 // q's dtype on q's device; out contiguous, overlapping none of the inputs. The arguments before o_weight are
 // paged_decode_attention's. The CUDA kernel does all of it in one launch where a token's query heads fit one
-// thread-block cluster and the projection's weight slices fit shared memory (a batch-1 or -2 decode step of
-// Qwen2.5-0.5B: docs/CUDA.md); otherwise, and on the CPU, it is the composition of the two ops.
+// thread-block cluster and the projection's weight slices fit its budget (a batch-1 or -2 decode step of
+// Qwen2.5-0.5B: docs/CUDA.md), in two past one split (a longer context: the splits, then their merge with the
+// projection); otherwise, and on the CPU, it is the composition of the two ops.
 void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,

@@ -30,8 +30,9 @@
 // heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens, 32 KB of o_weight rows
 // a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
 // meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
-// batch 1 four clusters a token each compute the attention and a quarter of the columns); elsewhere the o GEMV
-// runs after it.
+// batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
+// longer context) the combine kernel does the projection instead, a cluster a token (paged_combine_projected_kernel,
+// within the same limits, rows through L2); elsewhere the o GEMV runs after the attention.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 // paged_kv_write and paged_gather, plain copies, are in paged_cache_copy.cu.
