@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -119,6 +120,30 @@ TEST_P(PagedDecodeAdvanceTest, MovesFedRowsOnAndHandsTheIdsToAlternatingOutboxRo
     paged_decode_advance(inputs, tables, block_size);
     ASSERT_EQ(inputs.to(Device::cpu()).to_vector<int32_t>(), advanced(b, want_inputs));
     ASSERT_EQ(counter.to(Device::cpu()).to_vector<int32_t>(), std::vector<int32_t>{3});
+  }
+}
+
+// The counter counts modulo 2^32: past 2^31 steps (weeks of serving) it goes on, never negative, and with two rows
+// they keep alternating across the wrap.
+TEST_P(PagedDecodeAdvanceTest, TheCounterWrapsWithoutGoingNegative) {
+  std::mt19937 rng(static_cast<uint32_t>(testing::fresh_seed()));
+  const Batch b = make_batch(5, 3, 16, rng);
+  const Tensor tables = Tensor::from_vector(b.tables, {b.batch, b.columns}).to(device());
+  const Tensor inputs = Tensor::from_vector(b.inputs, {3, b.batch}).to(device());
+  const Tensor outbox = Tensor::full({2, b.batch}, kMarker, DType::i32, device());
+  for (const auto& [start, rows] : std::vector<std::pair<int32_t, std::vector<int>>>{
+           {std::numeric_limits<int32_t>::max(), {1, 0, 1}}, {-1, {1, 0, 1}}}) {
+    const Tensor counter = Tensor::from_vector(std::vector<int32_t>{start}, {1}).to(device());
+    uint32_t expected = static_cast<uint32_t>(start);
+    for (int row : rows) {
+      const std::vector<int32_t> ids = random_ids(b.batch, rng);
+      paged_decode_advance(inputs, tables, b.block_size, Tensor::from_vector(ids, {b.batch}).to(device()), outbox,
+                           counter);
+      const std::vector<int32_t> got = outbox.select(0, row).to(Device::cpu()).to_vector<int32_t>();
+      ASSERT_EQ(got, ids) << "counter " << expected << " writes row " << row;
+      expected += 1u;
+      ASSERT_EQ(static_cast<uint32_t>(counter.to(Device::cpu()).to_vector<int32_t>()[0]), expected);
+    }
   }
 }
 

@@ -93,7 +93,8 @@ std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, 
 //     (not fed) stays. The engine predicts the result with this op on the host (the same rule) and uploads
 //     only when the next step wants something else.
 //   ids i32 [N], outbox i32 [R, >= N] (memory the host reads: pinned and mapped for CUDA) and counter i32 [1],
-//     all three on inputs' device, or all three undefined: outbox[counter % R][0, N) = ids, then counter += 1.
+//     all three on inputs' device, or all three undefined: outbox[counter % R][0, N) = ids, then counter += 1,
+//     the counter read as unsigned (it wraps from 2^32 - 1 to 0, never negative).
 //     With R = 2, two steps in flight write different rows; the host reads a row once its step has finished.
 void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids = {},
                           const Tensor& outbox = {}, const Tensor& counter = {});

@@ -184,10 +184,12 @@ void CpuBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const 
 void CpuBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
                                       const Tensor& ids, const Tensor& outbox, const Tensor& counter) {
   if (ids.defined()) {  // hand the ids over first: a step's ids and inputs are independent
-    auto* count = static_cast<int32_t*>(counter.data_ptr());
-    auto* row = static_cast<int32_t*>(outbox.data_ptr()) + (*count % outbox.size(0)) * outbox.stride(0);
+    // The counter counts modulo 2^32 (an i32 read as unsigned): it wraps to 0 instead of going negative.
+    auto* count = static_cast<uint32_t*>(counter.data_ptr());
+    auto* row =
+        static_cast<int32_t*>(outbox.data_ptr()) + static_cast<int64_t>(*count % outbox.size(0)) * outbox.stride(0);
     for (int64_t n = 0; n < ids.size(0); ++n) row[n] = static_cast<int32_t>(at(ids, n));
-    *count += 1;
+    *count += 1u;
   }
   const int64_t batch = inputs.size(1), columns = block_tables.size(1);
   auto* rope_positions = static_cast<int32_t*>(inputs.data_ptr());

@@ -1,8 +1,7 @@
 // CUDA kernels of the paged KV cache's copies (include/microllm/ops/paged_attention.h): paged_kv_write and
-// paged_gather, one grid-stride kernel each, coalesced along D; and paged_decode_advance, a decode step's last
-// kernel. Bad slots and block ids are skipped (gather
-// writes zeros) and reported through the device error word (IndexError at the next synchronization); the
-// attention kernels are in paged_attention.cu.
+// paged_gather, one grid-stride kernel each, coalesced along D (bad slots and block ids are skipped, gather
+// writing zeros, and reported through the device error word: IndexError at the next synchronization); and
+// paged_decode_advance, a decode step's last kernel. The attention kernels are in paged_attention.cu.
 #include "../../core/cuda/device_errors.h"
 #include "common.cuh"
 #include "cuda_backend.h"
@@ -71,11 +70,12 @@ __global__ void decode_advance_kernel(int32_t* __restrict__ inputs, int64_t batc
                                       int32_t* __restrict__ counter) {
   wait_for_prior_grids();
   if (ids != nullptr) {
-    const int32_t count = *counter;
+    // Unsigned: past 2^31 steps (weeks of serving) the count wraps to 0, and rows still alternate (R = 2).
+    const auto count = static_cast<uint32_t>(*counter);
     int32_t* row = outbox + (count % outbox_rows) * outbox_stride;  // pinned host memory: PCIe writes
     for (int64_t n = threadIdx.x; n < n_ids; n += kAdvanceThreads) row[n] = ids[n * id_stride];
     __syncthreads();  // every thread has read the counter
-    if (threadIdx.x == 0) *counter = count + 1;
+    if (threadIdx.x == 0) *counter = static_cast<int32_t>(count + 1u);
   }
   int32_t* rope_positions = inputs;
   int32_t* positions = inputs + batch;
