@@ -1,0 +1,521 @@
+// The paged KV cache's attention kernels (include/microllm/ops/paged_attention.h), device side: their
+// arguments and the kernels. Included by paged_attention.cu only, which plans and launches them.
+//
+// Every per-step value (slots, block tables, seq ids, positions) is read on the device, and every launch
+// shape depends only on what the host knows (N, the heads, D, max_context, the pools' shape), so a decode
+// step captured in a CUDA graph replays correctly with new values in the same buffers. Bad values never
+// cause an out-of-bounds access: the kernels skip the row / key / block and report it through the device
+// error word (IndexError at the next synchronization).
+//
+// paged_attention, fast path (f32/f16/bf16, D a power of two 16..256, pool rows 16-byte aligned): split-K
+// flash-decoding with the keys found through the block table.
+//   staged kernel: grid (token x kv head x row block, split). The rows of a CTA are up to 8 query heads of
+//     ONE kv head of one token, so every K/V row read serves the whole GQA group. A CTA resolves its token
+//     (position, sequence; a padding row or a split past the sequence's length exits at once, which keeps a
+//     graph sized for max_context cheap while sequences are short), then stages its chunk's K and V rows in
+//     shared memory with cp.async, every copy in flight at once (one DRAM round trip, not one per key), then:
+//     scores (a thread per key), chunk max and sum (a warp per row), o = sum p v (a thread per 8-dim slice and
+//     key slice, summed over the warp's key slices with shuffles, then over warps in shared memory). With one
+//     split it writes out directly (o / l); otherwise (m, l, o) per row and split in f32.
+//   combine kernel (more than one split): one block per query row merges the splits that ran:
+//     out = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
+// Up to max_context <= one chunk (256 keys at D 64 in bf16) there is one split and no combine kernel; past
+// it the chunk (64..256 keys) is chosen from max_context so that the grid gives about one CTA per SM.
+// paged_decode_attention runs the same kernel with the decode step's work folded in: the CTA turns its
+// queries by the rotary embedding as it loads them, and the CTA whose chunk holds the token's own position
+// turns the new key, puts it and the new value straight into its staged rows (no round trip through the
+// pool) and (for the first row block) writes both to the token's slot. Rotations and roundings are those of
+// rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention. Launched chained
+// in a decode graph, it stages the cached rows before it waits for the kernel before (the qkv projection).
+// paged_decode_attention_projected adds the attention's output projection to that kernel where a token's query
+// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens, 32 KB of o_weight rows
+// a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
+// meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
+// batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
+// longer context) the combine kernel does the projection instead, a cluster a token (paged_combine_projected_kernel,
+// within the same limits, rows through L2); elsewhere the o GEMV runs after the attention.
+// Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
+// of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
+#pragma once
+
+#include <cmath>
+
+#include "../../core/cuda/device_errors.h"
+#include "common.cuh"
+#include "decode_phases.cuh"
+#include "paged_projection.cuh"
+#include "rope.cuh"
+
+namespace microllm::cuda_kernels::paged {
+namespace {
+
+using detail::DeviceErrorCode;
+using detail::report_device_error;
+
+constexpr int kStagedThreads = 256;  // the staged kernel
+constexpr int kStagedWarps = kStagedThreads / 32;
+constexpr int kSmallThreads = 128;  // the combine and simple kernels
+constexpr int kMaxFastDim = 256;
+constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
+
+// The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
+using RopeFreq = rotary::InvFreq<float, kMaxFastDim / 2>;
+
+struct PagedArgs {
+  const void* q;
+  const void* k_pool;
+  const void* v_pool;
+  const int32_t* tables;
+  const int32_t* seq_ids;
+  const int32_t* positions;
+  int64_t q_stride[3];  // token, head, dim
+  int64_t k_stride[4];  // block, row, head, dim (the fast path needs dim stride 1)
+  int64_t v_stride[4];
+  int64_t table_stride[2];
+  int64_t seq_stride, pos_stride;
+  int q_heads, kv_heads, group, dim, block_size, num_blocks, num_seqs;
+  int max_context;
+  float scale;
+  int row_blocks;  // ceil(group / R), R the rows per CTA the staged launch chose
+  int chunk, n_split;
+  int pitch;        // elements per staged K/V row: D plus 16 bytes, so a warp's rows spread over the banks
+  int stage_bytes;  // the staged rows' region (the cross-warp sums reuse it)
+  float* part_o;    // [N * Hq][n_split][D]
+  float* part_m;    // [N * Hq][n_split]
+  float* part_l;
+  void* out;  // [N, Hq, D] contiguous
+  uint64_t* error_word;
+  // paged_decode_attention: the new tokens' k, v before the rotation, and where they go.
+  const void* k_new;
+  const void* v_new;
+  int64_t k_new_stride[3], v_new_stride[3];  // token, head, dim
+  const int32_t* slots;
+  int64_t slot_stride;
+  int pair_step, partner;  // rotary pair i is dims (i * pair_step, i * pair_step + partner)
+  // paged_decode_attention_projected (kProject): out [N, hidden] = addend + attention @ o_weight^T; `replicas`
+  // clusters of q_heads CTAs per token (grid y: the replica), each cluster computing the token's attention and
+  // CTA h of replica r columns [(r * q_heads + h) * o_cols, +o_cols) from its rows of o_weight [hidden, o_in].
+  const void* o_weight;
+  int64_t o_weight_stride;
+  const void* addend;  // [N, hidden] contiguous, may be null
+  void* proj_out;      // [N, hidden] contiguous
+  int hidden, o_in, o_cols, replicas;
+  int proj_offset;  // bytes of shared memory before the projection's region (16-byte aligned)
+};
+
+// Token n's sequence, its position and how many of its keys to attend to (0: padding or a bad seq id ->
+// output 0). `report` lets one thread per token report bad values.
+struct Token {
+  int seq, len, pos;
+};
+__device__ __forceinline__ Token resolve(const PagedArgs& a, int64_t n, bool report) {
+  const int pos = a.positions[n * a.pos_stride];
+  if (pos < 0) return {0, 0, pos};
+  const int seq = a.seq_ids[n * a.seq_stride];
+  if (seq < 0 || seq >= a.num_seqs) {
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_sequence, seq);
+    return {0, 0, pos};
+  }
+  if (pos >= a.max_context) {  // the grid covers max_context keys: attend to those, and say so
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_position, pos);
+    return {seq, a.max_context, pos};
+  }
+  return {seq, pos + 1, pos};
+}
+
+// The block id of key j of sequence seq, or -1 when it is bad (reported).
+__device__ __forceinline__ int key_block(const PagedArgs& a, int seq, int j, bool report) {
+  const int block = a.tables[seq * a.table_stride[0] + static_cast<int64_t>(j / a.block_size) * a.table_stride[1]];
+  if (block < 0 || block >= a.num_blocks) {
+    if (report) report_device_error(a.error_word, DeviceErrorCode::paged_block, block);
+    return -1;
+  }
+  return block;
+}
+
+// Element offset of key j's row (kv head hk) in a pool, or -1 when its block id is bad (reported).
+__device__ __forceinline__ int64_t key_offset(const PagedArgs& a, const int64_t (&stride)[4], int seq, int j, int hk,
+                                              bool report) {
+  const int block = key_block(a, seq, j, report);
+  if (block < 0) return -1;
+  return block * stride[0] + static_cast<int64_t>(j % a.block_size) * stride[1] + hk * stride[2];
+}
+
+// Rotary pair (x1, x2) turned by the angle pos * inv_freq and rounded to T: rope.cu's arithmetic (rope.cuh).
+template <typename T>
+__device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float inv_freq, T& y1, T& y2) {
+  float sn, cs, first, second;
+  rotary::angle_sin_cos(pos, inv_freq, &sn, &cs);
+  rotary::turn(x1, x2, cs, sn, first, second);
+  y1 = from_acc<T>(first);
+  y2 = from_acc<T>(second);
+}
+
+// kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; paged_projection.cuh): each
+// cluster computes one token's attention, CTA rank h holding query head h, and a token has `replicas` such
+// clusters (grid y). Before it waits (no kernel writes a weight) each CTA copies its o_cols rows of o_weight to
+// shared memory (replicas > 1) or starts them for L2 (one cluster a token); it rounds its head's output to T as
+// paged_decode_attention would write it, gathers the token's Hq * D outputs from the cluster's shared memory (one
+// exchange of 2 bytes an element) and computes its columns, the addend added before the one rounding
+// (linear_add's arithmetic).
+// Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
+// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights. One cluster a token (14 SMs
+// reading 115 KB each from L2 after the attention) gave back part of that; replicated clusters repeat the
+// attention (its K/V rows are L2 hits after the first) so that o_weight spreads over 4x more SMs, in pieces small
+// enough to sit in shared memory beside the qkv kernel's CTAs while that kernel still runs.
+
+// Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
+// [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then
+// one flag per key (its block id is bad); with kProject, from proj_offset: the head's output [D], the token's
+// outputs [o_in] and the CTA's rows of o_weight [o_cols][o_in], of T.
+// kRowsStaged (kProject, replicas > 1): the o_weight rows in shared memory, [o_cols][o_in] after the outputs.
+// kDim: the head dim when compiled for one (with_head_dim), else 0 and a.dim.
+template <typename T, int R, int kDim, bool kDirect, bool kFused, bool kProject = false, bool kRowsStaged = false>
+__global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const PagedArgs a, const RopeFreq freq) {
+  static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
+  static_assert(kProject || !kRowsStaged, "only the projection stages weight rows");
+  extern __shared__ __align__(16) unsigned char paged_smem[];
+  const int D = kDim > 0 ? kDim : a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
+  T* sk = reinterpret_cast<T*>(paged_smem);
+  T* sv = sk + chunk * pitch;
+  float* red = reinterpret_cast<float*>(paged_smem);
+  float* sq = reinterpret_cast<float*>(paged_smem + a.stage_bytes);
+  float* sc = sq + R * D;
+  float* sm = sc + R * chunk;
+  float* sl = sm + R;
+  int* bad = reinterpret_cast<int*>(sl + R);
+
+  // Launched chained: q (and k, v) come from the kernel before, so they wait for it (wait_for_prior_grids).
+  // The fused decode step stages its chunk's cached K/V rows first: in a decode step no kernel writes them (the
+  // rows before the token's position were written by earlier steps; the step's positions, sequence ids and
+  // block tables are uploaded before it starts), so that copy overlaps the kernel before. Every path waits
+  // before it writes: out may be memory the kernel before still reads.
+  auto wait_for_inputs = [] {
+    wait_for_prior_grids();
+    chain_next_grids();
+  };
+  if constexpr (!kFused) wait_for_inputs();
+  const int rb = blockIdx.x % a.row_blocks;
+  const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
+  const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
+  // Grid y: the split, or with kProject the replica (one split); only the first replica writes the pools.
+  const int split = kProject ? 0 : static_cast<int>(blockIdx.y), c0 = split * chunk;
+  const bool first_replica = !kProject || blockIdx.y == 0;
+  const int r0 = rb * R, nr = min(R, a.group - r0);
+  const int tid = threadIdx.x;
+  const bool reporter = split == 0 && rb == 0 && hk == 0 && tid == 0 && first_replica;
+  // kProject: this CTA's output columns [col0(), col0() + cols()), recomputed where used (fewer live registers).
+  auto col0 = [&] { return projected_col0(a.q_heads, a.o_cols); };
+  auto cols = [&] { return projected_cols(a.q_heads, a.o_cols, a.hidden); };
+  const Token tok = resolve(a, n, reporter);
+  auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
+  if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
+    if constexpr (kFused) wait_for_inputs();
+    if constexpr (kProject) {  // the token's attention is 0: its columns are the addend (every CTA of the
+                               // cluster is here, so none waits at a cluster barrier)
+      T* o = static_cast<T*>(a.proj_out) + n * a.hidden;
+      const T* add = static_cast<const T*>(a.addend);
+      for (int c = col0() + tid; c < col0() + cols(); c += kStagedThreads) {
+        o[c] = add ? add[n * a.hidden + c] : from_acc<T>(0.f);
+      }
+    } else if constexpr (kDirect) {  // one split: this CTA owns the output rows
+      T* o = static_cast<T*>(a.out);
+      for (int idx = tid; idx < nr * D; idx += kStagedThreads) o[out_row(idx / D) * D + idx % D] = from_acc<T>(0.f);
+    }
+    return;
+  }
+  const int nk = min(chunk, tok.len - c0);  // >= 1
+  // Fused: the chunk that holds the token's own position takes its new key and value from k_new / v_new.
+  const bool holds_new = kFused && tok.pos < c0 + nk;
+  const int from_pool = holds_new ? nk - 1 : nk;
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
+
+  // ---- phase 0: stage the chunk's K and V rows (every 16-byte copy in flight at once); the queries ----
+  constexpr int kPiece = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
+  const int pieces = D / kPiece;
+  for (int p = tid; p < from_pool * pieces; p += kStagedThreads) {
+    const int jj = p / pieces, part = (p % pieces) * kPiece;
+    T* kd = sk + jj * pitch + part;
+    T* vd = sv + jj * pitch + part;
+    const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0 && first_replica);
+    if (part == 0) bad[jj] = block < 0;
+    if (block < 0) {  // zeros, so the skipped key's p = 0 never meets a NaN
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const int64_t row = static_cast<int64_t>((c0 + jj) % a.block_size);
+    copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
+    copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
+  }
+  T* head_out = reinterpret_cast<T*>(paged_smem + a.proj_offset);  // kProject's region
+  T* x_full = head_out + D;
+  T* w_rows = x_full + a.o_in;  // kRowsStaged
+  auto o_rows = [&] { return static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0()) * a.o_weight_stride; };
+  float first_addend = 0.f;
+  if constexpr (kProject) {  // the CTA's rows of o_weight (no kernel writes a weight): to shared memory, or for L2
+    const int packs = a.o_in / 8;
+    if constexpr (kRowsStaged) {
+      for (int p = tid; p < cols() * packs; p += kStagedThreads) {
+        copy16_async(w_rows + p * 8, o_rows() + static_cast<int64_t>(p / packs) * a.o_weight_stride + p % packs * 8);
+      }
+    } else if (tid < cols()) {
+      prefetch_l2(o_rows() + static_cast<int64_t>(tid) * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
+    }
+  }
+  if constexpr (kFused) wait_for_inputs();
+  if constexpr (kProject) {  // the addend is an earlier kernel's output: read after the wait, used at the end
+    const int lane = tid % 32, j = tid / 32 + lane * kStagedWarps;  // project_rows: this warp's lane-th row
+    if (a.addend && j < cols()) first_addend = to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0() + j]);
+  }
+  const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
+  if constexpr (kFused) {
+    const int half = D / 2;
+    const float pos = static_cast<float>(tok.pos);
+    for (int idx = tid; idx < R * half; idx += kStagedThreads) {
+      const int r = idx / half, i = idx % half, first = i * a.pair_step, second = first + a.partner;
+      T y1 = from_acc<T>(0.f), y2 = from_acc<T>(0.f);
+      if (r < nr) {
+        const T* qr = q + r * a.q_stride[1];
+        rotate_pair(to_acc(qr[first * a.q_stride[2]]), to_acc(qr[second * a.q_stride[2]]), pos, freq.v[i], y1, y2);
+      }
+      sq[r * D + first] = to_acc(y1);
+      sq[r * D + second] = to_acc(y2);
+    }
+    if (holds_new) {
+      const int jj = nk - 1;
+      const T* kn = static_cast<const T*>(a.k_new) + n * a.k_new_stride[0] + hk * a.k_new_stride[1];
+      const T* vn = static_cast<const T*>(a.v_new) + n * a.v_new_stride[0] + hk * a.v_new_stride[1];
+      // The first row block (of the first replica) writes the pools, once: the slot must be the table's slot for
+      // this position.
+      int64_t kw = -1, vw = -1;
+      if (rb == 0 && first_replica) {
+        const int slot = a.slots[n * a.slot_stride];
+        const int block = key_block(a, tok.seq, tok.pos, false);
+        if (block >= 0 && slot == block * a.block_size + tok.pos % a.block_size) {
+          const int64_t row = tok.pos % a.block_size;
+          kw = block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2];
+          vw = block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2];
+        } else if (tid == 0 && hk == 0) {
+          report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
+        }
+      }
+      T* kpw = const_cast<T*>(kp);
+      T* vpw = const_cast<T*>(vp);
+      for (int i = tid; i < half; i += kStagedThreads) {
+        const int first = i * a.pair_step, second = first + a.partner;
+        T y1, y2;
+        rotate_pair(to_acc(kn[first * a.k_new_stride[2]]), to_acc(kn[second * a.k_new_stride[2]]), pos, freq.v[i], y1,
+                    y2);
+        sk[jj * pitch + first] = y1;
+        sk[jj * pitch + second] = y2;
+        if (kw >= 0) {
+          kpw[kw + first] = y1;
+          kpw[kw + second] = y2;
+        }
+      }
+      for (int d = tid; d < D; d += kStagedThreads) {
+        const T x = vn[d * a.v_new_stride[2]];
+        sv[jj * pitch + d] = x;
+        if (vw >= 0) vpw[vw + d] = x;
+      }
+      if (tid == 0) bad[jj] = 0;
+    }
+  } else {
+    for (int idx = tid; idx < R * D; idx += kStagedThreads) {
+      const int r = idx / D, d = idx % D;
+      sq[idx] = r < nr ? to_acc(q[r * a.q_stride[1] + d * a.q_stride[2]]) : 0.f;
+    }
+  }
+  copy_async_wait_all();
+  __syncthreads();
+
+  // ---- phase 1: scores, one key per thread, all rows at once ----
+  for (int jj = tid; jj < nk; jj += kStagedThreads) {
+    float acc[R];
+    decode_phases::dot_rows<R>(sk + jj * pitch, sq, D, acc);
+    const bool valid = !bad[jj];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
+  }
+  __syncthreads();
+
+  // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
+  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
+  __syncthreads();
+
+  // ---- phase 3: o = sum_j p_j v_j: lane = (key slice in the warp, 8-dim slice); slices summed by shuffles ----
+  const int lane = tid % 32, warp = tid / 32;
+  const int per_warp = 32 / dims8, dc = lane % dims8, kq = lane / dims8;
+  float acc[R][8];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  for (int jj = warp * per_warp + kq; jj < nk; jj += kStagedWarps * per_warp) {
+    float vx[8];
+    load8(sv + jj * pitch + dc * 8, vx);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float p = sc[r * chunk + jj];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
+    }
+  }
+  for (int offset = dims8; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += MICROLLM_SHFL_XOR(acc[r][e], offset);
+  }
+  __syncthreads();  // the staged rows are dead: red overwrites them
+  if (kq == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + dc * 8 + e] = acc[r][e];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
+    const int r = idx / D, d = idx % D;
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kStagedWarps; ++w) o += red[(w * R + r) * D + d];
+    const int64_t row = out_row(r);
+    if constexpr (kProject) {
+      head_out[d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
+    } else if constexpr (kDirect) {
+      static_cast<T*>(a.out)[row * D + d] = from_acc<T>(sl[r] > 0.f ? o / sl[r] : 0.f);
+    } else {
+      a.part_o[(row * a.n_split + split) * D + d] = o;
+    }
+  }
+  if constexpr (!kDirect) {
+    for (int r = tid; r < nr; r += kStagedThreads) {
+      const int64_t row = out_row(r);
+      a.part_m[row * a.n_split + split] = sm[r];
+      a.part_l[row * a.n_split + split] = sl[r];
+    }
+  }
+  if constexpr (kProject) {
+    cluster_arrive();
+    cluster_wait();  // every CTA of the token has written its head_out
+    gather_heads<kStagedThreads>(head_out, x_full, a.o_in, D);
+    cluster_arrive();  // done reading the others' head_out; they may exit once all have arrived
+    __syncthreads();
+    T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0();
+    // From shared memory a row at a time; from L2 eight rows' loads in flight.
+    if constexpr (kRowsStaged)
+      project_rows<1, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, first_addend, out);
+    else
+      project_rows<8, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in, first_addend, out);
+    cluster_wait();  // no CTA leaves while another may still read its shared memory
+  }
+}
+
+// One block per query row (n, h) of [N * Hq]; shared memory: the splits' weights [n_split] and 32 floats
+// of reduction scratch. Only the splits that ran (those that start before the token's length) are read.
+template <typename T>
+__global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const PagedArgs a, int64_t rows) {
+  extern __shared__ __align__(16) float combine_smem[];
+  float* w = combine_smem;
+  float* scratch = w + a.n_split;
+  wait_for_prior_grids();  // launched chained after the staged kernel
+  chain_next_grids();
+  const int D = a.dim;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Token tok = resolve(a, row / a.q_heads, false);  // the partial kernel reported bad values
+    const int used = (tok.len + a.chunk - 1) / a.chunk;    // 0 for padding
+    decode_phases::combine_row(a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * D,
+                               used, D, w, scratch, static_cast<T*>(a.out) + row * D);
+  }
+}
+
+// paged_decode_attention_projected past one split: the combine kernel and the o projection in one launch
+// (combine_and_project), grid (tokens x q_heads) in clusters of q_heads, CTA rank h merging query head h.
+// Shared memory: the merge's [n_split + 32] floats, then from proj_offset head [D] and the token's heads [o_in].
+template <typename T>
+__global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(const PagedArgs a) {
+  constexpr int kWarps = kSmallThreads / 32;
+  extern __shared__ __align__(16) unsigned char combine_projected_smem[];
+  const int64_t n = blockIdx.x / a.q_heads, row = blockIdx.x;  // row (n, h) of [N * Hq]
+  const int col0 = projected_col0(a.q_heads, a.o_cols), cols = projected_cols(a.q_heads, a.o_cols, a.hidden);
+  const T* w = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
+  if (static_cast<int>(threadIdx.x) < cols) {  // no kernel writes a weight: start the rows before the wait
+    prefetch_l2(w + threadIdx.x * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
+  }
+  wait_for_prior_grids();  // the splits' partials, the addend
+  chain_next_grids();
+  const int lane = threadIdx.x % 32, j = threadIdx.x / 32 + lane * kWarps;  // project_rows: this lane's row
+  const float first_addend =
+      a.addend && j < cols ? to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]) : 0.f;
+  // The staged kernel reported bad values; a padding row merges no split: a head of zeros.
+  const Token tok = resolve(a, n, false);
+  const int used = (tok.len + a.chunk - 1) / a.chunk;
+  T* head = reinterpret_cast<T*>(combine_projected_smem + a.proj_offset);
+  combine_and_project<kSmallThreads>(
+      a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * a.dim, used, a.dim,
+      reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, w, a.o_weight_stride,
+      cols, first_addend, static_cast<T*>(a.proj_out) + n * a.hidden + col0);
+}
+
+// Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an
+// online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
+template <typename T>
+__global__ void __launch_bounds__(kSmallThreads) paged_simple_kernel(const PagedArgs a) {
+  extern __shared__ __align__(16) unsigned char simple_smem[];
+  const int D = a.dim, tid = threadIdx.x;
+  int64_t* voff = reinterpret_cast<int64_t*>(simple_smem);   // [128]
+  float* sq = reinterpret_cast<float*>(voff + kSimpleKeys);  // [D]
+  float* acc = sq + D;                                       // [D]
+  float* sp = acc + D;                                       // [128]
+  float* scratch = sp + kSimpleKeys;                         // [32]
+  const int64_t row = blockIdx.x, n = row / a.q_heads;
+  const int h = static_cast<int>(row % a.q_heads), hk = h / a.group;
+  const Token tok = resolve(a, n, h == 0 && tid == 0);
+  const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + h * a.q_stride[1];
+  for (int d = tid; d < D; d += kSmallThreads) {
+    sq[d] = to_acc(q[d * a.q_stride[2]]);
+    acc[d] = 0.f;
+  }
+  __syncthreads();
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
+  float m = -INFINITY, l = 0.f;  // every thread holds the same running max and sum
+  for (int c0 = 0; c0 < tok.len; c0 += kSimpleKeys) {
+    const int j = c0 + tid;
+    float s = -INFINITY;
+    int64_t vo = -1;
+    if (j < tok.len) {
+      const int64_t ko = key_offset(a, a.k_stride, tok.seq, j, hk, h == 0);
+      if (ko >= 0) {
+        vo = key_offset(a, a.v_stride, tok.seq, j, hk, false);
+        float dot = 0.f;
+        for (int d = 0; d < D; ++d) dot += sq[d] * to_acc(kp[ko + d * a.k_stride[3]]);
+        s = dot * a.scale;
+      }
+    }
+    const float m_new = fmaxf(m, block_max(s, scratch));
+    const float alpha = m == -INFINITY ? 0.f : expf(m - m_new);
+    const float p = s == -INFINITY ? 0.f : expf(s - m_new);
+    sp[tid] = p;
+    voff[tid] = vo;
+    l = l * alpha + block_sum(p, scratch);  // its barriers also publish sp and voff
+    const int keys = min(kSimpleKeys, tok.len - c0);
+    for (int d = tid; d < D; d += kSmallThreads) {
+      float x = acc[d] * alpha;
+      for (int t = 0; t < keys; ++t) {
+        if (voff[t] >= 0) x += sp[t] * to_acc(vp[voff[t] + d * a.v_stride[3]]);
+      }
+      acc[d] = x;
+    }
+    m = m_new;
+    __syncthreads();  // sp and voff are rewritten by the next step
+  }
+  T* o = static_cast<T*>(a.out) + row * D;
+  for (int d = tid; d < D; d += kSmallThreads) o[d] = from_acc<T>(l > 0.f ? acc[d] / l : 0.f);
+}
+
+}  // namespace
+}  // namespace microllm::cuda_kernels::paged
