@@ -95,6 +95,12 @@ void with_head_dim(int dim, F&& f) {
     f.template operator()<0>();
 }
 
+// The combine-projected kernel for `replicas` clusters a token: rows staged in shared memory past one.
+template <typename T>
+auto combine_projected_kernel(int replicas) {
+  return replicas > 1 ? paged_combine_projected_kernel<T, true> : paged_combine_projected_kernel<T, false>;
+}
+
 // paged_attention (fresh == nullptr) and paged_decode_attention on the staged kernel (+ combine); with kProject
 // (several splits, launch_split_projected's plan) the combine is paged_combine_projected_kernel, `projected_smem`
 // bytes a CTA.
@@ -125,8 +131,9 @@ void launch_staged_rows(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64
     launch_chained(paged_staged_kernel<T, R, kDim, false, kFused>, grid, kStagedThreads, smem, stream, device, a, freq);
   });
   if constexpr (kProject) {
-    launch_chained_in_clusters(static_cast<unsigned>(a.q_heads), paged_combine_projected_kernel<T>,
-                               static_cast<unsigned>(rows), kSmallThreads, projected_smem, stream, device, a);
+    const dim3 combine_grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.replicas));
+    launch_chained_in_clusters(static_cast<unsigned>(a.q_heads), combine_projected_kernel<T>(a.replicas), combine_grid,
+                               kSmallThreads, projected_smem, stream, device, a);
     return;
   }
   const size_t combine_smem = (n_split + 32) * sizeof(float);
@@ -170,11 +177,26 @@ bool projection_fused() {
 // 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster, and batch 2 with
 // 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
-int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
+int forced_replicas() {
   static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
-  if (forced > 0) return forced;
+  return forced;
+}
+int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
+  if (forced_replicas() > 0) return forced_replicas();
   int replicas = 1;
   for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms / 2; ++r) {
+    if ((hidden + q_heads * r - 1) / (q_heads * r) * row_bytes <= kMaxStagedProjection) replicas = r;
+  }
+  return replicas;
+}
+
+// The same for the combine-projected kernel past one split, whose replicas repeat only the merge of a head's
+// splits (partials read from L2), not the attention: the most that keep the grid within the SMs with at most
+// kMaxStagedProjection bytes of rows a CTA (batch 2 of Qwen2.5-0.5B: 4, 28 KB a CTA; batch 1: 8); else 1.
+int combine_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
+  if (forced_replicas() > 0) return forced_replicas();
+  int replicas = 1;
+  for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms; ++r) {
     if ((hidden + q_heads * r - 1) / (q_heads * r) * row_bytes <= kMaxStagedProjection) replicas = r;
   }
   return replicas;
@@ -245,8 +267,9 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
 
 // paged_decode_attention_projected past one split: where launch_staged's plan has several splits (a context past
 // one chunk), at most kMaxProjectedTokens tokens whose query heads fit a cluster, and each CTA's o_cols rows fit
-// kMaxStreamedProjection: the splits, then paged_combine_projected_kernel in place of the combine kernel and the
-// o GEMV. Returns false, having launched nothing, anywhere else.
+// kMaxStagedProjection (combine_replicas > 1) or kMaxStreamedProjection (one cluster a token): the splits, then
+// paged_combine_projected_kernel in place of the combine kernel and the o GEMV. Returns false, having launched
+// nothing, anywhere else.
 template <typename T>
 bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                             cudaStream_t stream) {
@@ -258,15 +281,20 @@ bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, i
   }
   PagedArgs plan = a;
   plan_staged<T, kRowsPerCta>(plan, tokens, max_context, sms);
-  a.replicas = 1;
-  a.o_cols = (a.hidden + a.q_heads - 1) / a.q_heads;
-  const int64_t rows_bytes = int64_t{a.o_cols} * a.o_in * static_cast<int64_t>(sizeof(T));
-  if (plan.n_split == 1 || rows_bytes > kMaxStreamedProjection || a.o_cols > 32 * (kSmallThreads / 32)) return false;
+  const int64_t row_bytes = int64_t{a.o_in} * static_cast<int64_t>(sizeof(T));
+  a.replicas = combine_replicas(tokens, a.q_heads, a.hidden, row_bytes, sms);
+  a.o_cols = static_cast<int>((a.hidden + int64_t{a.q_heads} * a.replicas - 1) / (int64_t{a.q_heads} * a.replicas));
+  const int64_t rows_bytes = a.o_cols * row_bytes;
+  if (plan.n_split == 1 || rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection) ||
+      a.o_cols > 32 * (kSmallThreads / 32)) {
+    return false;
+  }
   a.proj_offset = static_cast<int>(((plan.n_split + 32) * sizeof(float) + 15) / 16 * 16);
-  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T);
+  const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
+                      static_cast<size_t>(a.replicas > 1 ? rows_bytes : 0);
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (smem > static_cast<size_t>(max_shared_memory_optin(device)) ||
-      !clusters_fit(paged_combine_projected_kernel<T>, device, cluster, smem, kSmallThreads)) {
+      !clusters_fit(combine_projected_kernel<T>(a.replicas), device, cluster, smem, kSmallThreads)) {
     return false;
   }
   const OpScope scope("paged_decode_attention_projected", device, stream);

@@ -32,8 +32,10 @@
 // a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
 // meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
 // batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
-// longer context) the combine kernel does the projection instead, a cluster a token (paged_combine_projected_kernel,
-// within the same limits, rows through L2); elsewhere the o GEMV runs after the attention.
+// longer context) the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a
+// token's query heads, replicated like kProject's but repeating only the merge of the splits (up to 8 clusters a
+// token within the SMs, rows in shared memory; one cluster streaming rows through L2 where 32 KB a CTA cannot
+// hold them); elsewhere the o GEMV runs after the attention.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 #pragma once
@@ -433,16 +435,26 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
 }
 
 // paged_decode_attention_projected past one split: the combine kernel and the o projection in one launch
-// (combine_and_project), grid (tokens x q_heads) in clusters of q_heads, CTA rank h merging query head h.
-// Shared memory: the merge's [n_split + 32] floats, then from proj_offset head [D] and the token's heads [o_in].
-template <typename T>
+// (combine_and_project), grid (tokens x q_heads, replicas) in clusters of q_heads, CTA (h, r) merging query head h
+// and computing replica r's share of the columns. Shared memory: the merge's [n_split + 32] floats, then from
+// proj_offset head [D], the token's heads [o_in] and, with kRowsStaged, the CTA's o_weight rows [o_cols][o_in].
+template <typename T, bool kRowsStaged>
 __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(const PagedArgs a) {
   constexpr int kWarps = kSmallThreads / 32;
   extern __shared__ __align__(16) unsigned char combine_projected_smem[];
   const int64_t n = blockIdx.x / a.q_heads, row = blockIdx.x;  // row (n, h) of [N * Hq]
   const int col0 = projected_col0(a.q_heads, a.o_cols), cols = projected_cols(a.q_heads, a.o_cols, a.hidden);
   const T* w = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
-  if (static_cast<int>(threadIdx.x) < cols) {  // no kernel writes a weight: start the rows before the wait
+  T* head = reinterpret_cast<T*>(combine_projected_smem + a.proj_offset);
+  T* w_rows = head + a.dim + a.o_in;  // kRowsStaged
+  // No kernel writes a weight: the rows start on their way before the wait.
+  if constexpr (kRowsStaged) {
+    const int packs = a.o_in / 8;
+    for (int p = static_cast<int>(threadIdx.x); p < cols * packs; p += kSmallThreads) {
+      copy16_async(w_rows + p * 8, w + static_cast<int64_t>(p / packs) * a.o_weight_stride + p % packs * 8);
+    }
+    copy_async_commit();
+  } else if (static_cast<int>(threadIdx.x) < cols) {
     prefetch_l2(w + threadIdx.x * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
   }
   wait_for_prior_grids();  // the splits' partials, the addend
@@ -453,11 +465,10 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
   // The staged kernel reported bad values; a padding row merges no split: a head of zeros.
   const Token tok = resolve(a, n, false);
   const int used = (tok.len + a.chunk - 1) / a.chunk;
-  T* head = reinterpret_cast<T*>(combine_projected_smem + a.proj_offset);
-  combine_and_project<kSmallThreads>(
+  combine_and_project<kSmallThreads, kRowsStaged>(
       a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * a.dim, used, a.dim,
-      reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, w, a.o_weight_stride,
-      cols, first_addend, static_cast<T*>(a.proj_out) + n * a.hidden + col0);
+      reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, kRowsStaged ? w_rows : w,
+      kRowsStaged ? a.o_in : a.o_weight_stride, cols, first_addend, static_cast<T*>(a.proj_out) + n * a.hidden + col0);
 }
 
 // Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an

@@ -106,11 +106,13 @@ __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols,
   }
 }
 
-// Past one split (a long context) the projection follows the combine instead: a cluster per token, CTA rank h
-// merging head h's splits into `head` [dim] (combine_row: the combine kernel's arithmetic and rounding when
-// kThreads is its block size), then the exchange and the CTA's columns as above, rows w streamed through L2
-// (started before the kernel's wait). w_scratch: the merge's [used] weights and 32 floats of reduction scratch.
-template <int kThreads, typename T>
+// Past one split (a long context) the projection follows the combine instead: clusters of a token's query heads,
+// CTA rank h merging head h's splits into `head` [dim] (combine_row: the combine kernel's arithmetic and rounding
+// when kThreads is its block size), then the exchange and the CTA's columns as above. kRowsStaged: rows w are in
+// shared memory (w_stride = o_in), copied with cp.async before the kernel's wait, each thread waiting for its own
+// copies here; else streamed through L2 (a fill started before the wait). w_scratch: the merge's [used] weights and
+// 32 floats of reduction scratch.
+template <int kThreads, bool kRowsStaged, typename T>
 __device__ void combine_and_project(const float* m, const float* l, const float* part_o, int used, int dim,
                                     float* w_scratch, int n_split, T* head, T* x, int o_in, const T* w,
                                     int64_t w_stride, int cols, float first_addend, T* out) {
@@ -119,8 +121,12 @@ __device__ void combine_and_project(const float* m, const float* l, const float*
   cluster_wait();  // every CTA of the token has its head
   gather_heads<kThreads>(head, x, o_in, dim);
   cluster_arrive();  // done reading the others' heads; they may exit once all have arrived
+  if constexpr (kRowsStaged) copy_async_wait_all();  // the barrier below shows every thread's rows to all
   __syncthreads();
-  project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
+  if constexpr (kRowsStaged)  // from shared memory a row at a time; from L2 eight rows' loads in flight
+    project_rows<1, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
+  else
+    project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
   cluster_wait();  // no CTA leaves while another may still read its shared memory
 }
 
