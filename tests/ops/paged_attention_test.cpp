@@ -446,8 +446,8 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
     for (bool with_addend : {true, false}) {
       // Qwen2.5-0.5B's heads (14 query heads of D 64 over 2 kv heads, hidden 896) within one split, one token
       // and one token + a padding row: CUDA fuses these (and the two below) in 16-bit dtypes; on the H200's 132
-      // SMs one token takes four clusters with o_weight's rows in shared memory, two tokens one cluster each
-      // with its rows streamed through L2.
+      // SMs one token takes four clusters with o_weight's rows in shared memory, two tokens two clusters each
+      // (the one-cluster paths, rows streamed through L2, run in tools/gpu/run.sh's tests step, forced).
       check_projected_equals_composition(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), dtype, 896, with_addend,
                                          256, d, "qwen b1");
       check_projected_equals_composition(make_cache({200}, 16, 2, 14, 64, 1, true, d, 3, 256), dtype, 896, with_addend,
@@ -458,8 +458,8 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                          256, d, "hidden 900");
       check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,
                                          with_addend, 128, d, "group 4");
-      // Past one split (a long context): the splits, then one kernel merging them and projecting (a cluster a
-      // token through L2); one token, two, and one with a padding row.
+      // Past one split (a long context): the splits, then one kernel merging them and projecting (replicated
+      // clusters, rows in shared memory); one token, two, and one with a padding row.
       check_projected_equals_composition(make_cache({1500}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896,
                                          with_addend, 2048, d, "long context b1");
       check_projected_equals_composition(make_cache({900, 2040}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896,

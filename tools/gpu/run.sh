@@ -4,7 +4,7 @@
 # parity and training runs. Prepare here with tools/gpu/stage.sh, then:
 #   device run, carry [".device"], command: bash tools/gpu/run.sh STEP... | all
 # Steps run in the order given:
-#   tests            every *_tests program, CUDA cases only
+#   tests            every *_tests program, CUDA cases only (and the fused attention's one-cluster paths, forced)
 #   sanitize         compute-sanitizer memcheck + racecheck (SANITIZE_TOOLS) on the CUDA op suite (SANITIZE_FILTER: a gtest
 #                    filter), memcheck on the runtime and the engine, then sanitize-decode
 #   sanitize-decode  racecheck + synccheck on the decode GEMV's and the paged decode attention's tests
@@ -69,6 +69,12 @@ step_tests() {
     echo "== $name (cuda): exit $? $(grep -E '^\[  (PASSED|FAILED)' "$RES/logs/$name.cuda.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$RES/logs/$name.cuda.log" | head -30
   done
+  # The fused attention + o projection's one-cluster paths (rows streamed through L2), which the replica
+  # policies leave to GPUs with fewer SMs: forced here.
+  MICROLLM_ATTENTION_O_REPLICAS=1 timeout 200 "$bin/ops_tests" --gtest_filter='*DecodeAttentionProjected*/cuda*' \
+    --gtest_brief=1 > "$RES/logs/ops_tests.one_cluster.log" 2>&1
+  echo "== ops_tests (cuda, MICROLLM_ATTENTION_O_REPLICAS=1): exit $? $(grep -E '^\[  (PASSED|FAILED)' \
+    "$RES/logs/ops_tests.one_cluster.log" | tr '\n' ' ')"
 }
 
 # One compute-sanitizer run: sanitize_run LOG TOOL PROGRAM GTEST_FILTER SECONDS, its summary printed.

@@ -35,9 +35,10 @@ constexpr int kMaxSplits = 8192;            // the combine kernel keeps one weig
 // many bytes of o_weight: staged in shared memory (replicated clusters) or streamed through L2 (one cluster a
 // token). Measured in the model (docs/perf/inference.md): Qwen2.5-0.5B batch 8 fused 8,256 tok/s against
 // 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs); R1-Distill-1.5B
-// batch 1 (384 KB a CTA) 580 against 666; replicas past half the SMs or 32 KB a CTA lost (projection_replicas).
+// batch 1 (384 KB a CTA) 580 against 666 and in five replicas (78 KB a CTA) slower too; replicas past half the SMs
+// lost (projection_replicas).
 constexpr int64_t kMaxProjectedTokens = 2;
-constexpr int64_t kMaxStagedProjection = 32 << 10;
+constexpr int64_t kMaxStagedProjection = 64 << 10;
 constexpr int64_t kMaxStreamedProjection = 128 << 10;
 constexpr int kMaxReplicas = 8;
 
@@ -174,8 +175,10 @@ bool projection_fused() {
 // most kMaxStagedProjection bytes of rows a CTA; else 1 (rows streamed through L2). Measured in the model
 // (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 4 replicas 1,463-1,466 tok/s against
 // 1,412-1,414 with one (the policy takes 4: 56 CTAs, 28 KB each); a sweep of the first build gave 2 / 3 / 4 / 5 /
-// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster, and batch 2 with
-// 2 / 3 / 4: 2,597 / 2,660 / 2,626 against 2,690 with one (the policy takes 1).
+// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster. Batch 2 (05:05
+// UTC, two passes): 2 replicas (56 CTAs, 57 KB each) 2,782 / 2,783 against 2,742 / 2,743 with one cluster
+// streaming its rows, 2,596 with one staging 115 KB, 2,759 with 4 (past half the SMs); batch 1 with 2 replicas
+// (57 KB) 1,503 against 1,521 with 4.
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
 int forced_replicas() {
   static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
@@ -193,6 +196,9 @@ int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t
 // The same for the combine-projected kernel past one split, whose replicas repeat only the merge of a head's
 // splits (partials read from L2), not the attention: the most that keep the grid within the SMs with at most
 // kMaxStagedProjection bytes of rows a CTA (batch 2 of Qwen2.5-0.5B: 4, 28 KB a CTA; batch 1: 8); else 1.
+// Measured in the model (2026-12-01, 04:55 UTC, two passes, `MICROLLM_ATTENTION_O_REPLICAS=1` for one cluster):
+// 2048:2:64 1,979 / 1,976 -> 2,045 / 2,040 tok/s, 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032; forced
+// 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
 int combine_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
   if (forced_replicas() > 0) return forced_replicas();
   int replicas = 1;

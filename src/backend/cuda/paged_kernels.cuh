@@ -28,13 +28,13 @@
 // rope.cu, so the fused step gives the same bits as rope + paged_kv_write + paged_attention. Launched chained
 // in a decode graph, it stages the cached rows before it waits for the kernel before (the qkv projection).
 // paged_decode_attention_projected adds the attention's output projection to that kernel where a token's query
-// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens, 32 KB of o_weight rows
+// heads fit one thread-block cluster (one query head per CTA, one split, at most 2 tokens, 64 KB of o_weight rows
 // a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
 // meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
 // batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
 // longer context) the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a
 // token's query heads, replicated like kProject's but repeating only the merge of the splits (up to 8 clusters a
-// token within the SMs, rows in shared memory; one cluster streaming rows through L2 where 32 KB a CTA cannot
+// token within the SMs, rows in shared memory; one cluster streaming rows through L2 where 64 KB a CTA cannot
 // hold them); elsewhere the o GEMV runs after the attention.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
