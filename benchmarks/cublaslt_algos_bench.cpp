@@ -1,11 +1,15 @@
 // A design question answered by measurement: does cuBLASLt's first heuristic answer leave speed on the table
 // for the prefill and training GEMMs of our models, and what does adding the residual in the GEMM's epilogue
 // (beta = 1, C = the residual stream) cost next to a plain product?
-//   build/cuda-release/benchmarks/cublaslt_algos_bench [--algos N] [--reps N]
+//   build/cuda-release/benchmarks/cublaslt_algos_bench [--algos N] [--reps N] [--exhaustive]
 // For each linear layer shape (row-major out [T, N] = x [T, K] @ w [N, K]^T, bf16 in and out, f32
 // accumulation: src/backend/cuda/matmul.cu's call) it asks the heuristic for up to N algorithms and times each
 // (CUDA events, median of --reps after 3 warm-ups; the operands are random), then the heuristic's first answer
 // with beta = 1. One line per measurement, then a summary line per shape: the first answer, the best, the ratio.
+// --exhaustive also configures every algorithm cuBLASLt has for the types (cublasLtMatmulAlgoGetIds) with each
+// tile, stage count, cluster shape and CTA swizzle its check accepts, screens them (3 runs each), times the
+// fastest 8 again and prints them against the heuristic's best: what a wider search than the heuristic's answers
+// would find.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +51,7 @@ __nv_bfloat16* random_device(int64_t count, uint32_t seed) {
 }
 
 int g_reps = 20;
+bool g_exhaustive = false;
 
 template <typename Fn>
 float median_ms(Fn&& fn, cudaStream_t stream) {
@@ -70,6 +75,67 @@ float median_ms(Fn&& fn, cudaStream_t stream) {
   return times[times.size() / 2];
 }
 
+struct Config {
+  cublasLtMatmulAlgo_t algo;
+  int id, tile, stages, cluster, swizzle;
+  float ms;
+};
+
+// Every configuration of every algorithm id that cublasLtMatmulAlgoCheck accepts for these descriptors, with a
+// workspace of at most workspace_bytes.
+std::vector<Config> all_configs(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                                cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, size_t workspace_bytes) {
+  std::vector<Config> configs;
+  int ids[256], n_ids = 0;
+  check(cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
+                                 CUDA_R_16BF, 256, ids, &n_ids),
+        "algo ids");
+  for (int i = 0; i < n_ids; ++i) {
+    cublasLtMatmulAlgo_t base;
+    if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF,
+                               CUDA_R_16BF, ids[i], &base) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    size_t written = 0;
+    std::vector<uint32_t> tiles(CUBLASLT_MATMUL_TILE_END), stages(CUBLASLT_MATMUL_STAGES_END);
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), tiles.size() * 4, &written);
+    tiles.resize(written / 4);
+    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), stages.size() * 4, &written);
+    stages.resize(written / 4);
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+    int swizzle_support = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle_support,
+                                      sizeof(swizzle_support), &written);
+    for (uint32_t tile : tiles) {
+      for (uint32_t stage : stages) {
+        for (int cluster = 0; cluster < CUBLASLT_CLUSTER_SHAPE_END; ++cluster) {
+          for (int swizzle = 0; swizzle <= swizzle_support; ++swizzle) {
+            cublasLtMatmulAlgo_t algo = base;
+            const uint16_t cluster_id = static_cast<uint16_t>(cluster);  // the attribute is 16 bits wide
+            const uint32_t swizzle_id = static_cast<uint32_t>(swizzle);
+            if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof(stage)) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster_id,
+                                                     sizeof(cluster_id)) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle_id,
+                                                     sizeof(swizzle_id))) {
+              continue;
+            }
+            cublasLtMatmulHeuristicResult_t result{};
+            if (cublasLtMatmulAlgoCheck(handle, desc, la, lb, lc, lc, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
+                result.workspaceSize > workspace_bytes) {
+              continue;
+            }
+            configs.push_back({algo, ids[i], static_cast<int>(tile), static_cast<int>(stage), cluster, swizzle, 0.f});
+          }
+        }
+      }
+    }
+  }
+  return configs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +145,8 @@ int main(int argc, char** argv) {
       max_algos = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
       g_reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--exhaustive"))
+      g_exhaustive = true;
   }
   const Shape shapes[] = {
       {"r1-1.5b", "qkv", 2048, 2048, 1536},         {"r1-1.5b", "o", 2048, 1536, 1536},
@@ -162,6 +230,53 @@ int main(int argc, char** argv) {
         s.model, s.layer, static_cast<long long>(s.t), static_cast<long long>(s.n), static_cast<long long>(s.k), found,
         first, flops / first / 1e9, best_i, best, flops / best / 1e9, first / best, with_residual);
     std::fflush(stdout);
+    if (g_exhaustive) {
+      std::vector<Config> configs = all_configs(handle, desc, la, lb, lc, workspace_bytes);
+      // At most kMaxScreened configurations, evenly spaced over the list, so a shape's screen stays in seconds.
+      constexpr size_t kMaxScreened = 3000;
+      if (configs.size() > kMaxScreened) {
+        std::vector<Config> kept;
+        for (size_t i = 0; i < kMaxScreened; ++i) kept.push_back(configs[i * configs.size() / kMaxScreened]);
+        std::printf("   exhaustive: %zu configurations, %zu evenly spaced screened\n", configs.size(), kept.size());
+        configs.swap(kept);
+      }
+      const int reps = g_reps;
+      g_reps = 3;
+      int failed = 0;
+      for (Config& c : configs) {
+        const float alpha = 1, beta = 0;
+        bool ok = true;
+        c.ms = median_ms(
+            [&] {
+              ok = ok && cublasLtMatmul(handle, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &c.algo, workspace,
+                                        workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+            },
+            stream);
+        if (!ok) c.ms = 1e30f, ++failed;
+      }
+      g_reps = reps;
+      const size_t screened = configs.size();
+      std::sort(configs.begin(), configs.end(), [](const Config& a, const Config& b) { return a.ms < b.ms; });
+      if (configs.size() > 8) configs.resize(8);
+      for (Config& c : configs) {
+        const float alpha = 1, beta = 0;
+        c.ms = median_ms(
+            [&] {
+              cublasLtMatmul(handle, desc, &alpha, w, la, x, lb, &beta, out, lc, out, lc, &c.algo, workspace,
+                             workspace_bytes, stream);
+            },
+            stream);
+      }
+      std::sort(configs.begin(), configs.end(), [](const Config& a, const Config& b) { return a.ms < b.ms; });
+      for (const Config& c : configs) {
+        std::printf(
+            "   exhaustive: id %d tile %d stages %d cluster %d swizzle %d: %.4f ms (%.0f TFLOP/s, %.3fx the "
+            "heuristic's best)\n",
+            c.id, c.tile, c.stages, c.cluster, c.swizzle, c.ms, flops / c.ms / 1e9, best / c.ms);
+      }
+      std::printf("   (%zu configurations screened, %d failed to run)\n", screened, failed);
+      std::fflush(stdout);
+    }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
