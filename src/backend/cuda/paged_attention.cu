@@ -175,7 +175,7 @@ bool projection_fused() {
 // most kMaxStagedProjection bytes of rows a CTA; else 1 (rows streamed through L2). Measured in the model
 // (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 4 replicas 1,463-1,466 tok/s against
 // 1,412-1,414 with one (the policy takes 4: 56 CTAs, 28 KB each); a sweep of the first build gave 2 / 3 / 4 / 5 /
-// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster. Batch 2 (05:05
+// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster. Batch 2 (04:27
 // UTC, two passes): 2 replicas (56 CTAs, 57 KB each) 2,782 / 2,783 against 2,742 / 2,743 with one cluster
 // streaming its rows, 2,596 with one staging 115 KB, 2,759 with 4 (past half the SMs); batch 1 with 2 replicas
 // (57 KB) 1,503 against 1,521 with 4.
@@ -196,7 +196,7 @@ int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t
 // The same for the combine-projected kernel past one split, whose replicas repeat only the merge of a head's
 // splits (partials read from L2), not the attention: the most that keep the grid within the SMs with at most
 // kMaxStagedProjection bytes of rows a CTA (batch 2 of Qwen2.5-0.5B: 4, 28 KB a CTA; batch 1: 8); else 1.
-// Measured in the model (2026-12-01, 04:55 UTC, two passes, `MICROLLM_ATTENTION_O_REPLICAS=1` for one cluster):
+// Measured in the model (2026-12-01, 04:22 UTC, two passes, `MICROLLM_ATTENTION_O_REPLICAS=1` for one cluster):
 // 2048:2:64 1,979 / 1,976 -> 2,045 / 2,040 tok/s, 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032; forced
 // 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
 int combine_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
