@@ -33,10 +33,10 @@ constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory
 constexpr int kMaxSplits = 8192;            // the combine kernel keeps one weight per split in shared memory
 // paged_decode_attention_projected's one kernel (kProject) takes at most this many tokens, and a CTA at most this
 // many bytes of o_weight: staged in shared memory (replicated clusters) or streamed through L2 (one cluster a
-// token). Measured in the model (docs/perf/inference.md): Qwen2.5-0.5B batch 8 fused 8,256 tok/s against
-// 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs); R1-Distill-1.5B
+// token; plan_projection). Measured in the model (docs/perf/inference.md): Qwen2.5-0.5B batch 8 fused 8,256 tok/s
+// against 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs); R1-Distill-1.5B
 // batch 1 (384 KB a CTA) 580 against 666 and in five replicas (78 KB a CTA) slower too; replicas past half the SMs
-// lost (projection_replicas).
+// lost (plan_projection).
 constexpr int64_t kMaxProjectedTokens = 2;
 constexpr int64_t kMaxStagedProjection = 64 << 10;
 constexpr int64_t kMaxStreamedProjection = 128 << 10;
@@ -170,42 +170,40 @@ bool projection_fused() {
   return on;
 }
 
-// Clusters a token of the projected kernel gets (every cluster computes the token's attention and its share of
-// the o projection's columns, staged in shared memory): the most that keep the grid within half the SMs with at
-// most kMaxStagedProjection bytes of rows a CTA; else 1 (rows streamed through L2). Measured in the model
-// (Qwen2.5-0.5B tg128, 2026-12-01, docs/perf/inference.md): batch 1 with 4 replicas 1,463-1,466 tok/s against
-// 1,412-1,414 with one (the policy takes 4: 56 CTAs, 28 KB each); a sweep of the first build gave 2 / 3 / 4 / 5 /
-// 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 / 1,391 against 1,424 for one cluster. Batch 2 (04:27
-// UTC, two passes): 2 replicas (56 CTAs, 57 KB each) 2,782 / 2,783 against 2,742 / 2,743 with one cluster
-// streaming its rows, 2,596 with one staging 115 KB, 2,759 with 4 (past half the SMs); batch 1 with 2 replicas
-// (57 KB) 1,503 against 1,521 with 4.
+// The o projection's share of a token's work when it rides in a cluster kernel: `replicas` clusters a token
+// (grid y), each CTA computing o_cols columns. The most replicas (up to kMaxReplicas) that keep tokens x q_heads x
+// replicas CTAs within max_ctas with at most kMaxStagedProjection bytes of rows a CTA, copied into shared memory
+// before the kernel's wait; else one cluster a token streaming its rows through L2 (at most
+// kMaxStreamedProjection a CTA). Sets a.replicas and a.o_cols; returns the staged bytes a CTA (0: streamed), or
+// -1 where the rows fit neither budget. max_ctas: half the SMs for the one-kernel path, whose replicas each
+// compute the token's attention again and sit beside the qkv kernel's CTAs; all of them past one split, where a
+// replica repeats only the merge of a head's splits (partials read from L2).
+// Measured in the model (Qwen2.5-0.5B, 2026-12-01, docs/perf/inference.md and inference-history.md):
+//   one kernel, tg128: batch 1 with 4 replicas (56 CTAs, 28 KB each) 1,463-1,466 tok/s against 1,412-1,414 with
+//   one; a sweep of the first build gave 2 / 3 / 4 / 5 / 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 /
+//   1,391 against 1,424 for one cluster. Batch 2 (04:27 UTC, two passes): 2 replicas (56 CTAs, 57 KB each) 2,782 /
+//   2,783 against 2,742 / 2,743 with one cluster streaming its rows, 2,596 with one staging 115 KB, 2,759 with 4
+//   (past half the SMs); batch 1 with 2 replicas (57 KB) 1,503 against 1,521 with 4.
+//   Past one split (04:22 UTC, two passes, one cluster forced against the policy): 2048:2:64 1,979 / 1,976 ->
+//   2,045 / 2,040 tok/s (4 replicas, 28 KB), 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032 (8 replicas,
+//   14 KB); forced 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
-int forced_replicas() {
+int64_t plan_projection(PagedArgs& a, int64_t tokens, int64_t element_bytes, int64_t max_ctas) {
   static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
-  return forced;
-}
-int projection_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
-  if (forced_replicas() > 0) return forced_replicas();
-  int replicas = 1;
-  for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms / 2; ++r) {
-    if ((hidden + q_heads * r - 1) / (q_heads * r) * row_bytes <= kMaxStagedProjection) replicas = r;
+  const int64_t row_bytes = int64_t{a.o_in} * element_bytes;
+  auto cols_for = [&](int64_t r) { return (a.hidden + a.q_heads * r - 1) / (a.q_heads * r); };
+  int replicas = forced;
+  if (replicas == 0) {
+    replicas = 1;
+    for (int r = 2; r <= kMaxReplicas && tokens * a.q_heads * r <= max_ctas; ++r) {
+      if (cols_for(r) * row_bytes <= kMaxStagedProjection) replicas = r;
+    }
   }
-  return replicas;
-}
-
-// The same for the combine-projected kernel past one split, whose replicas repeat only the merge of a head's
-// splits (partials read from L2), not the attention: the most that keep the grid within the SMs with at most
-// kMaxStagedProjection bytes of rows a CTA (batch 2 of Qwen2.5-0.5B: 4, 28 KB a CTA; batch 1: 8); else 1.
-// Measured in the model (2026-12-01, 04:22 UTC, two passes, `MICROLLM_ATTENTION_O_REPLICAS=1` for one cluster):
-// 2048:2:64 1,979 / 1,976 -> 2,045 / 2,040 tok/s, 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032; forced
-// 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
-int combine_replicas(int64_t tokens, int64_t q_heads, int64_t hidden, int64_t row_bytes, int sms) {
-  if (forced_replicas() > 0) return forced_replicas();
-  int replicas = 1;
-  for (int r = 2; r <= kMaxReplicas && tokens * q_heads * r <= sms; ++r) {
-    if ((hidden + q_heads * r - 1) / (q_heads * r) * row_bytes <= kMaxStagedProjection) replicas = r;
-  }
-  return replicas;
+  a.replicas = replicas;
+  a.o_cols = static_cast<int>(cols_for(replicas));
+  const int64_t rows_bytes = a.o_cols * row_bytes;
+  if (rows_bytes > (replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) return -1;
+  return replicas > 1 ? rows_bytes : 0;
 }
 
 // Whether clusters of `cluster` CTAs of `kernel` with `smem` bytes each can run on `device` (a GPC must hold
@@ -247,20 +245,16 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
     return false;
   }
   const size_t base = plan_staged<T, 1>(a, tokens, max_context, sms);
-  const int64_t row_bytes = int64_t{a.o_in} * static_cast<int64_t>(sizeof(T));
-  a.replicas = projection_replicas(tokens, a.q_heads, a.hidden, row_bytes, sms);
-  a.o_cols = static_cast<int>((a.hidden + int64_t{a.q_heads} * a.replicas - 1) / (int64_t{a.q_heads} * a.replicas));
-  const int64_t rows_bytes = a.o_cols * row_bytes;
-  if (rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) return false;
-  if (a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane per row of a warp
+  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms / 2);
+  if (staged < 0 || a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane a row
   a.proj_offset = static_cast<int>((base + 15) / 16 * 16);
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
-                      static_cast<size_t>(a.replicas > 1 ? rows_bytes : 0);
+                      static_cast<size_t>(staged);
   if (smem > static_cast<size_t>(max_shared_memory_optin(device))) return false;
   void (*kernel)(PagedArgs, RopeFreq) = nullptr;
   with_head_dim(a.dim, [&]<int kDim>() {
-    kernel = a.replicas > 1 ? paged_staged_kernel<T, 1, kDim, true, true, true, true>
-                            : paged_staged_kernel<T, 1, kDim, true, true, true, false>;
+    kernel = staged > 0 ? paged_staged_kernel<T, 1, kDim, true, true, true, true>
+                        : paged_staged_kernel<T, 1, kDim, true, true, true, false>;
   });
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (!clusters_fit(kernel, device, cluster, smem)) return false;
@@ -273,9 +267,8 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
 
 // paged_decode_attention_projected past one split: where launch_staged's plan has several splits (a context past
 // one chunk), at most kMaxProjectedTokens tokens whose query heads fit a cluster, and each CTA's o_cols rows fit
-// kMaxStagedProjection (combine_replicas > 1) or kMaxStreamedProjection (one cluster a token): the splits, then
-// paged_combine_projected_kernel in place of the combine kernel and the o GEMV. Returns false, having launched
-// nothing, anywhere else.
+// their budget (plan_projection, replicas within all the SMs): the splits, then paged_combine_projected_kernel in
+// place of the combine kernel and the o GEMV. Returns false, having launched nothing, anywhere else.
 template <typename T>
 bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                             cudaStream_t stream) {
@@ -287,17 +280,11 @@ bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, i
   }
   PagedArgs plan = a;
   plan_staged<T, kRowsPerCta>(plan, tokens, max_context, sms);
-  const int64_t row_bytes = int64_t{a.o_in} * static_cast<int64_t>(sizeof(T));
-  a.replicas = combine_replicas(tokens, a.q_heads, a.hidden, row_bytes, sms);
-  a.o_cols = static_cast<int>((a.hidden + int64_t{a.q_heads} * a.replicas - 1) / (int64_t{a.q_heads} * a.replicas));
-  const int64_t rows_bytes = a.o_cols * row_bytes;
-  if (plan.n_split == 1 || rows_bytes > (a.replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection) ||
-      a.o_cols > 32 * (kSmallThreads / 32)) {
-    return false;
-  }
+  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms);
+  if (plan.n_split == 1 || staged < 0 || a.o_cols > 32 * (kSmallThreads / 32)) return false;
   a.proj_offset = static_cast<int>(((plan.n_split + 32) * sizeof(float) + 15) / 16 * 16);
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
-                      static_cast<size_t>(a.replicas > 1 ? rows_bytes : 0);
+                      static_cast<size_t>(staged);
   const auto cluster = static_cast<unsigned>(a.q_heads);
   if (smem > static_cast<size_t>(max_shared_memory_optin(device)) ||
       !clusters_fit(combine_projected_kernel<T>(a.replicas), device, cluster, smem, kSmallThreads)) {
