@@ -25,6 +25,18 @@
 // and worst at batch 8 (83.9 us); the choice above is within 9% of the best everywhere measured. What was not
 // tried: a TMA producer warp, and ping-pong between the warpgroups (FlashAttention-3's other two overlaps).
 //
+// The wgmma are asynchronous only as long as ptxas can prove no other instruction touches an accumulator
+// before its wait. Until 2026-12-01 the first tile committed one group and waited for "all but one", so its
+// softmax could read S while S was still being computed; ptxas saw that hazard and serialized every wgmma of
+// the kernel (ptxas -v: "C7514 ... wgmma.mma_async instructions are serialized"; Nsight Compute: a wait after
+// each HGMMA, 28% of the stall samples), which also kept the results right. Build with -Xptxas -v after
+// changing the loop: C7514 must not come back. Measured (2026-12-01 06:46 UTC, `cuda_ops_bench --reps 30
+// --filter attention_fwd`, the serialized kernel against this one, two passes each): B1 T2048 D128 57.8 / 57.8
+// -> 58.0 / 54.6 us, B8 T1024 D128 120.1 / 108.8 -> 104.7 / 102.3, B1 T2048 D64 51.2 / 49.8 -> 46.9 / 49.2,
+// B8 T1024 D64 72.5 / 70.5 -> 66.9 / 65.8. Little: what bounds the kernel is not the tensor cores' queue.
+// Measured and not kept (06:43 UTC): S of tile j + 1 and P V of tile j - 1 both in flight during tile j's
+// softmax (two S register sets, four stages, 64-key tiles): D128 B1 T2048 58 -> 68-72 us, D64 47 -> 51-63.
+//
 // The scale rides in the exponent's FMA, so this kernel needs scale > 0 (flash_forward checks; the mma.sync
 // kernel takes any scale).
 #include "attention_flash_fwd.cuh"
@@ -216,8 +228,11 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   uint32_t p[BC / 16][4];                                             // P of the tile before the one in S
 
   // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the tensor cores compute tile jt's
-  // S and tile jt - 1's P V, the warpgroup runs tile jt's softmax. Tile jt + 1 loads meanwhile.
-  for (int jt = tile_begin; jt < tile_end; ++jt) {
+  // S and tile jt - 1's P V, the warpgroup runs tile jt's softmax. Tile jt + 1 loads meanwhile. The first tile,
+  // which has no P V before it, is its own instance of the step, so that every commit below closes a group of
+  // real wgmma: the wait for S must leave exactly the P V group in flight, and a commit after a wgmma issued
+  // only sometimes costs ptxas a placeholder wgmma on every tile.
+  auto step = [&]<bool kFirst>(int jt) {
     cp_async_wait<0>();   // tile jt (the only group in flight)
     fence_proxy_async();  // this thread's copies, visible to wgmma once the barrier below has passed
     __syncthreads();      // ... and every warpgroup is past tile jt - 2's P V: its stage is free
@@ -228,19 +243,25 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
     wgmma_fence();
     issue_qk<T, D, BR, BC>(s, q_rows, k_stage(jt));
     wgmma_commit();
-    if (jt > tile_begin) {
+    if constexpr (kFirst) {
+      wgmma_wait<0>();  // S
+    } else {
       issue_pv<T, D, BC>(o, p, k_stage(jt - 1) + Tile::kKvBytes);
       wgmma_commit();
+      wgmma_wait<1>();  // S (P V may still run: it was committed last)
     }
-    wgmma_wait<1>();  // S (P V may still run: it was committed last)
     wgmma_fence_operands(s);
     mask_tile<BC>(s, a, jt * BC, q0 + warp_row0, g, t4);
     softmax_tile<BC>(s, a.scale_log2, row_max, row_sum, corr);
-    wgmma_wait<0>();
-    wgmma_fence_operands(o);
+    if constexpr (!kFirst) {
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+    }
     rescale<D>(o, corr);
     pack_p<T, BC>(s, p);
-  }
+  };
+  step.template operator()<true>(tile_begin);
+  for (int jt = tile_begin + 1; jt < tile_end; ++jt) step.template operator()<false>(jt);
   wgmma_fence();
   issue_pv<T, D, BC>(o, p, k_stage(tile_end - 1) + Tile::kKvBytes);
   wgmma_commit();
