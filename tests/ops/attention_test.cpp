@@ -20,11 +20,7 @@ using testing::host_values;
 using testing::random_tensor;
 using testing::tolerance;
 
-class AttentionTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class AttentionTest : public testing::DeviceTest {};
 
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 

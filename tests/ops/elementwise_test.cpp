@@ -15,11 +15,7 @@ using testing::host_values;
 using testing::random_tensor;
 using testing::tolerance;
 
-class ElementwiseTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class ElementwiseTest : public testing::DeviceTest {};
 
 // Direct f64 formulas, written independently of src/backend/elementwise_math.h.
 double reference_unary(UnaryOp op, double x, double alpha) {

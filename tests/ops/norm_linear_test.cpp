@@ -20,11 +20,7 @@ using testing::random_tensor;
 
 constexpr double kEps = 1e-6;
 
-class NormLinearTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class NormLinearTest : public testing::DeviceTest {};
 
 // The composition rms_norm_linear stands for, with the separate ops on the CPU.
 NormLinearResult composed(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& w,

@@ -21,11 +21,7 @@ using testing::tolerance;
 constexpr double kEps = 1e-6;
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
-class RmsNormTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class RmsNormTest : public testing::DeviceTest {};
 
 DType stats_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 

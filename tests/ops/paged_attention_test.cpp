@@ -118,11 +118,8 @@ std::vector<double> expected_output(const Cache& c, const Tensor& q, const std::
   return out;
 }
 
-class PagedAttentionTest : public ::testing::TestWithParam<Device> {
+class PagedAttentionTest : public testing::DeviceTest {
  protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-
   // Writes random keys/values of every sequence through paged_kv_write (k, v as [L, Hkv, D] views of a
   // [1, L, Hkv, D] buffer), then checks paged_attention on NaN-filled outputs against attention().
   void check(Cache c, DType dtype, double scale, const char* what) {

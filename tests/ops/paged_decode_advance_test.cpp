@@ -81,11 +81,7 @@ std::vector<int32_t> random_ids(int64_t n, std::mt19937& rng) {
   return ids;
 }
 
-class PagedDecodeAdvanceTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class PagedDecodeAdvanceTest : public testing::DeviceTest {};
 
 TEST_P(PagedDecodeAdvanceTest, MovesFedRowsOnAndHandsTheIdsToAlternatingOutboxRows) {
   std::mt19937 rng(static_cast<uint32_t>(testing::fresh_seed()));

@@ -68,11 +68,7 @@ Chunk make_chunk(const Shape4& s, DType dtype, Device device, int64_t start, boo
   return c;
 }
 
-class PagedRopeKvWriteTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class PagedRopeKvWriteTest : public testing::DeviceTest {};
 
 TEST_P(PagedRopeKvWriteTest, EqualsRopeThenPagedKvWrite) {
   struct Case {

@@ -20,11 +20,7 @@ using testing::tolerance;
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 const RopeLayout kLayouts[] = {RopeLayout::split_half, RopeLayout::interleaved};
 
-class RopeTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class RopeTest : public testing::DeviceTest {};
 
 RopeParams plain_params(RopeLayout layout = RopeLayout::split_half) {
   RopeParams p;

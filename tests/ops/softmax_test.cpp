@@ -17,11 +17,7 @@ using testing::host_values;
 using testing::random_tensor;
 using testing::tolerance;
 
-class SoftmaxTest : public ::testing::TestWithParam<Device> {
- protected:
-  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
-  Device device() const { return GetParam(); }
-};
+class SoftmaxTest : public testing::DeviceTest {};
 
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 

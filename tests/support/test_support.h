@@ -26,6 +26,15 @@ std::string cuda_dtype_test_name(const ::testing::TestParamInfo<DType>& info);
       GTEST_SKIP() << "no CUDA device on this machine: CUDA tests skip (they run on the GPU machine)"; \
   } while (0)
 
+// The fixture of a suite whose one body runs on every device (INSTANTIATE_TEST_SUITE_P over test_devices()):
+// derive a suite's own class from it (`class MatmulTest : public testing::DeviceTest {};`). It skips, saying why,
+// on a device this machine lacks.
+class DeviceTest : public ::testing::TestWithParam<Device> {
+ protected:
+  void SetUp() override { MICROLLM_SKIP_IF_UNAVAILABLE(GetParam()); }
+  Device device() const { return GetParam(); }
+};
+
 // A fresh seed for every call (tests must not depend on one lucky input); printed on failure.
 uint64_t fresh_seed();
 
