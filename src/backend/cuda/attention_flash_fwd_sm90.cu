@@ -29,8 +29,8 @@
 // before its wait. Until 2026-12-01 the first tile committed one group and waited for "all but one", so its
 // softmax could read S while S was still being computed; ptxas saw that hazard and serialized every wgmma of
 // the kernel (ptxas -v: "C7514 ... wgmma.mma_async instructions are serialized"; Nsight Compute: a wait after
-// each HGMMA, 28% of the stall samples), which also kept the results right. Build with -Xptxas -v after
-// changing the loop: C7514 must not come back. Measured (2026-12-01 06:46 UTC, `cuda_ops_bench --reps 30
+// each HGMMA, 28% of the stall samples), which also kept the results right. tools/check_wgmma_async.sh (run
+// by .ci/run) fails if C7514 comes back. Measured (2026-12-01 06:49 UTC, `cuda_ops_bench --reps 30
 // --filter attention_fwd`, the serialized kernel against this one, two passes each): B1 T2048 D128 57.8 / 57.8
 // -> 58.0 / 54.6 us, B8 T1024 D128 120.1 / 108.8 -> 104.7 / 102.3, B1 T2048 D64 51.2 / 49.8 -> 46.9 / 49.2,
 // B8 T1024 D64 72.5 / 70.5 -> 66.9 / 65.8. Little: what bounds the kernel is not the tensor cores' queue.
