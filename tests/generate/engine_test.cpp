@@ -2,13 +2,13 @@
 // it alone, however requests are batched, chunked, admitted late or bounded by KV blocks; cancellation and
 // finishing give rows and blocks back; requests that can never fit are refused with a clear error. The same
 // bodies run on the CPU and, where there is a GPU, on CUDA with the decode step replayed from CUDA graphs.
+#include "microllm/generate/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "generate_test_model.h"
-#include "microllm/core/cuda.h"
-#include "microllm/generate/engine.h"
 #include "test_support.h"
 
 namespace microllm::generate {
@@ -17,10 +17,11 @@ namespace {
 using testing_model::random_prompt;
 using testing_model::tiny_config;
 
-class EngineTest : public ::testing::TestWithParam<Device> {
+class EngineTest : public testing::DeviceTest {
  protected:
   void SetUp() override {
-    if (GetParam().is_cuda() && cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
     config_ = tiny_config(96);
     model_ = std::make_unique<nn::TransformerLM>(config_, seed_);
     model_->to(GetParam());

@@ -17,7 +17,7 @@ namespace {
 
 using testing::random_tensor;
 
-class OptimTest : public ::testing::TestWithParam<Device> {};
+class OptimTest : public testing::DeviceTest {};
 
 // Tensors of several sizes, one longer than a kernel chunk (1 << 16) so chunking is exercised.
 std::vector<Shape> shapes() { return {{3, 5}, {7}, {70001}, {1}, {33, 65}}; }
@@ -50,7 +50,6 @@ std::vector<Tensor> clones(const std::vector<Tensor>& xs) {
 
 TEST_P(OptimTest, AdamWMatchesADirectComputationOverSeveralSteps) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   const uint64_t seed = testing::fresh_seed();
   std::vector<Tensor> params = randoms(device, -1, 1, seed);
   std::vector<Tensor> m, v;
@@ -91,7 +90,6 @@ TEST_P(OptimTest, AdamWMatchesADirectComputationOverSeveralSteps) {
 
 TEST_P(OptimTest, SgdWithMomentumAndNesterovMatchesPyTorchsRule) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   for (bool nesterov : {false, true}) {
     const uint64_t seed = testing::fresh_seed();
     std::vector<Tensor> params = randoms(device, -1, 1, seed), buf;
@@ -123,7 +121,6 @@ TEST_P(OptimTest, SgdWithMomentumAndNesterovMatchesPyTorchsRule) {
 
 TEST_P(OptimTest, SumOfSquaresGlobalNormAndClipFactor) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   std::vector<Tensor> xs = randoms(device, -1, 1, testing::fresh_seed());
   xs.push_back(random_tensor({300}, DType::bf16, device));
   xs.push_back(testing::non_contiguous(random_tensor({4, 6}, DType::f32, device)));
@@ -149,7 +146,6 @@ TEST_P(OptimTest, SumOfSquaresGlobalNormAndClipFactor) {
 
 TEST_P(OptimTest, Bf16MomentsTrackF32MomentsAndAreDeterministic) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   const uint64_t seed = testing::fresh_seed();
   std::vector<Tensor> p32 = randoms(device, -1, 1, seed), p16 = clones(p32), p16b = clones(p32);
   std::vector<Tensor> m32, v32, m16, v16, m16b, v16b;
@@ -183,7 +179,6 @@ TEST_P(OptimTest, Bf16MomentsTrackF32MomentsAndAreDeterministic) {
 
 TEST_P(OptimTest, ArgumentChecksNameTheProblem) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   std::vector<Tensor> p{Tensor::zeros({4}, DType::f32, device)}, g{Tensor::zeros({5}, DType::f32, device)};
   std::vector<Tensor> m{Tensor::zeros({4}, DType::f32, device)}, v{Tensor::zeros({4}, DType::f32, device)};
   EXPECT_THROW(adamw_step(p, g, m, v, {0.0}, Tensor(), {}), ShapeError);
@@ -200,7 +195,6 @@ TEST_P(OptimTest, ArgumentChecksNameTheProblem) {
 // 65536): the device kernels split the list over several launches; the results equal the CPU kernels'.
 TEST_P(OptimTest, ManyTensorsAndLongTensorsSpanSeveralLaunches) {
   const Device device = GetParam();
-  MICROLLM_SKIP_IF_UNAVAILABLE(device);
   const uint64_t seed = testing::fresh_seed();
   std::vector<Shape> sizes;
   for (int64_t i = 0; i < 50; ++i) sizes.push_back({1 + 37 * i});
