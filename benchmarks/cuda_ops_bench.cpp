@@ -388,6 +388,29 @@ void decode_norm_linear_ops(const Model& m) {
   cuda::release_graph_pool(0, pool);
 }
 
+// The MLP's input half as rms_norm_linear at prefill sizes: rms_norm, then the Hopper SwiGLU GEMM (one kernel for
+// the product and SwiGLU, where swiglu_gemm_pays) against the same op with it off (cuBLASLt's product, then the
+// swiglu kernel). op "norm_gate_up_swiglu" and "norm_gate_up_swiglu_unfused".
+void norm_gate_up_ops(const Model& m) {
+  if (!selected("norm_gate_up_swiglu", m.name)) return;
+  const double e = 2;  // bf16 bytes
+  const Tensor gamma = random({m.hidden}, DType::bf16, 0.5, 1.5);
+  const Tensor weight = random({2 * m.intermediate, m.hidden}, DType::bf16, -0.05, 0.05);
+  for (int64_t t : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
+    const Tensor x = random({t, m.hidden}), res = random({t, m.hidden});
+    const std::string shape = str_cat("[", t, ", ", m.hidden, "] x [", 2 * m.intermediate, ", ", m.hidden, "]^T");
+    const double bytes = e * (t * m.hidden * 3 + 2 * m.intermediate * m.hidden + t * m.intermediate);
+    const double flops = 4.0 * t * m.intermediate * m.hidden;
+    const bool fused = fused_swiglu_gemm();
+    for (const bool on : {true, false}) {
+      set_fused_swiglu_gemm(on);
+      report(on ? "norm_gate_up_swiglu" : "norm_gate_up_swiglu_unfused", m.name, t, shape, bytes, flops,
+             [&] { rms_norm_linear(x, res, gamma, 1e-6, weight, Tensor(), true); });
+    }
+    set_fused_swiglu_gemm(fused);
+  }
+}
+
 // Bandwidth-bound ops on >= 64 MB, against the device-to-device copy ceiling.
 void bandwidth_ops() {
   const int64_t rows = 16384, cols = 4096;  // 64 M elements: 128 MB in bf16
@@ -493,6 +516,7 @@ int main(int argc, char** argv) {
   bandwidth_ops();
   sampling_ops();
   for (const Model& m : kModels) model_ops(m);
+  for (const Model& m : kModels) norm_gate_up_ops(m);
   for (const Model& m : kModels) decode_step_ops(m);
   for (const Model& m : kModels) decode_linear_ops(m);
   for (const Model& m : kModels) decode_norm_linear_ops(m);

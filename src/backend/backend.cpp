@@ -57,6 +57,11 @@ std::atomic<bool>& gemm_tuning_flag() {
   return flag;
 }
 
+std::atomic<bool>& fused_swiglu_gemm_flag() {
+  static std::atomic<bool> flag{switch_from_environment("MICROLLM_SWIGLU_GEMM")};
+  return flag;
+}
+
 std::atomic<bool>& flash_wgmma_flag() {
   static std::atomic<bool> flag{switch_from_environment("MICROLLM_FLASH_WGMMA")};
   return flag;
@@ -71,6 +76,8 @@ void set_deterministic_algorithms(bool deterministic) {
 bool deterministic_algorithms() { return deterministic_flag().load(std::memory_order_relaxed); }
 void set_decode_gemv(bool enabled) { decode_gemv_flag().store(enabled, std::memory_order_relaxed); }
 bool decode_gemv() { return decode_gemv_flag().load(std::memory_order_relaxed); }
+void set_fused_swiglu_gemm(bool enabled) { fused_swiglu_gemm_flag().store(enabled, std::memory_order_relaxed); }
+bool fused_swiglu_gemm() { return fused_swiglu_gemm_flag().load(std::memory_order_relaxed); }
 void set_gemm_tuning(bool enabled) { gemm_tuning_flag().store(enabled, std::memory_order_relaxed); }
 bool gemm_tuning() { return gemm_tuning_flag().load(std::memory_order_relaxed); }
 void set_flash_wgmma(bool enabled) { flash_wgmma_flag().store(enabled, std::memory_order_relaxed); }

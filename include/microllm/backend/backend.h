@@ -225,6 +225,14 @@ bool deterministic_algorithms();
 void set_decode_gemv(bool enabled);
 bool decode_gemv();
 
+// Whether CUDA's rms_norm_linear with SwiGLU (the MLP's input half) past decode size (256+ rows, bf16/f16) runs
+// its product as one Hopper GEMM with SwiGLU in the epilogue (src/backend/cuda/gemm_swiglu_sm90.cu) on an sm_90
+// GPU, instead of cuBLASLt and then the swiglu kernel. On by default; MICROLLM_SWIGLU_GEMM=0 turns it off (read
+// once, at the first call); set_fused_swiglu_gemm overrides both (process-wide). A CUDA graph keeps the path
+// that was chosen when it was captured.
+void set_fused_swiglu_gemm(bool enabled);
+bool fused_swiglu_gemm();
+
 // Whether a CUDA matmul of half precision and at least a GFLOP times cuBLASLt's candidate algorithms at the first
 // use of its shape and keeps the fastest (src/backend/cuda/gemm_tuning.h), instead of taking the heuristic's
 // first choice. On by default; MICROLLM_GEMM_TUNING=0 turns it off (read once, at the first call);

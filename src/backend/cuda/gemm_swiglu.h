@@ -1,0 +1,28 @@
+// The MLP's input half as one Hopper GEMM (internal header): out = silu(x @ w_gate^T) * (x @ w_up^T) with SwiGLU
+// in the epilogue. Design and measurements: gemm_swiglu_sm90.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "microllm/core/tensor.h"
+
+namespace microllm::cuda_kernels {
+
+// Whether the kernel can run on `device`: an sm_90 GPU, a build with sm_90a machine code, and
+// fused_swiglu_gemm() on (MICROLLM_SWIGLU_GEMM).
+bool swiglu_gemm_available(int device);
+
+// Whether swiglu_gemm takes these operands: x [m, k], w [2n, k] = [w_gate; w_up], out [m, n]; one dtype, bf16 or
+// f16; k % 8 == 0, n % 8 == 0; unit inner strides, row strides of whole 16-byte units, 16-byte aligned x and w;
+// and swiglu_gemm_available.
+bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out);
+
+// Whether the kernel beats cuBLASLt's product and the swiglu kernel at this many rows (measured: prefill-sized
+// batches of 2,048 rows and more); rms_norm_linear takes it only then.
+bool swiglu_gemm_pays(int64_t rows);
+
+// Launches the product on `stream` (chained in a captured graph); ShapeError where swiglu_gemm_takes says no.
+// No allocation, no synchronization: safe inside graph capture.
+void swiglu_gemm(const Tensor& x, const Tensor& w, const Tensor& out, cudaStream_t stream);
+
+}  // namespace microllm::cuda_kernels
