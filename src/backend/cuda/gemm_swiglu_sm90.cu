@@ -41,6 +41,10 @@
 //     .multicast::cluster, empty barriers counting both CTAs' consumers): 281-308 us. Its remote mbarrier arrives
 //     stalled on memory barriers (Nsight Compute: 35% "membar" with .release.cluster); without that qualifier it
 //     was still 281 us, for reasons not found.
+//   - The consumer warpgroups handing over their 64 rows in turn through a 32 KB buffer (16-byte chunks XOR-swizzled
+//     by row), which leaves room for a fourth ring stage (09:18 UTC, two passes): 198 vs 171 us; R1-1.5B pp2048
+//     196.6K vs 214.9K tok/s. The second warpgroup's wait for the first one's rows to drain costs more than the
+//     stage gains.
 // What is left to cuBLASLt's 148 us for the product alone: the tensor cores are ~70% busy (Nsight Compute), the
 // ring's 3 stages are what fits beside the staged tile, and 1,120 tiles on 132 SMs leave the last round half empty.
 #include <cuda.h>
