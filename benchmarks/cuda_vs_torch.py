@@ -106,6 +106,14 @@ def torch_fn(line):
     if op == "swiglu":
         g, u = rand(t, inter), rand(t, inter)
         return lambda: F.silu(g) * u
+    if op in ("norm_gate_up_swiglu", "norm_gate_up_swiglu_unfused"):  # Hugging Face's MLP input half, eager
+        x, r, g = rand(t, h), rand(t, h), rand(h, lo=0.5, hi=1.5)
+        w = rand(2 * inter, h, lo=-0.05, hi=0.05)
+
+        def mlp_in():
+            y = F.linear(F.rms_norm(x + r, (h,), g, 1e-6), w)
+            return F.silu(y[:, :inter]) * y[:, inter:]
+        return mlp_in
     if op.startswith("gemm_"):
         qkv = (nh + 2 * nkv) * d
         n, k = {"gemm_qkv": (qkv, h), "gemm_o": (h, nh * d), "gemm_gate_up": (2 * inter, h),
