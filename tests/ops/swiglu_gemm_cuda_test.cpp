@@ -152,6 +152,9 @@ TEST_P(SwigluGemmCudaTest, RefusesWhatItDoesNotTake) {
   EXPECT_FALSE(takes(256, 64, 60, dtype()));       // n % 8
   EXPECT_FALSE(takes(256, 64, 64, dtype(), 100));  // w is not [2n, k]
   EXPECT_FALSE(takes(256, 64, 64, DType::f32));    // 16-bit only
+  EXPECT_FALSE(takes(256, 0, 64, dtype()));        // no k: the composition (zeros) handles it
+  EXPECT_FALSE(cuda_kernels::swiglu_gemm_takes(Tensor::empty({256, 64}, dtype()), Tensor::empty({128, 64}, dtype()),
+                                               Tensor::empty({256, 64}, dtype())));  // CPU tensors
   const Tensor x = Tensor::empty({256, 72}, dtype(), kGpu).narrow(1, 0, 64);  // rows 144 bytes apart: 9 units
   EXPECT_TRUE(cuda_kernels::swiglu_gemm_takes(x, Tensor::empty({128, 64}, dtype(), kGpu),
                                               Tensor::empty({256, 64}, dtype(), kGpu)));

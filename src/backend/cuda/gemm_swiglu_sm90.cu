@@ -373,8 +373,9 @@ bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out) {
   const DType dtype = x.dtype();
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   if (w.dtype() != dtype || out.dtype() != dtype || x.dim() != 2 || w.dim() != 2 || out.dim() != 2) return false;
+  if (!x.device().is_cuda() || w.device() != x.device() || out.device() != x.device()) return false;
   const int64_t m = x.size(0), k = x.size(1), n = out.size(1);
-  if (m < 1 || m > INT32_MAX || k % 8 != 0 || n % 8 != 0 || n > INT32_MAX / 2) return false;
+  if (m < 1 || m > INT32_MAX || k < 8 || k % 8 != 0 || n < 8 || n % 8 != 0 || n > INT32_MAX / 2) return false;
   if (w.size(0) != 2 * n || w.size(1) != k || out.size(0) != m) return false;
   // TMA: unit inner strides, row strides of whole 16-byte units, 16-byte aligned bases (the up rows' too).
   return x.stride(1) == 1 && w.stride(1) == 1 && out.stride(1) == 1 && x.stride(0) % 8 == 0 && w.stride(0) % 8 == 0 &&
