@@ -340,12 +340,7 @@ void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_
 }  // namespace flash_fwd
 
 bool flash_forward_uses_wgmma(int device) {
-#if defined(MICROLLM_CUDA_SM90A)
-  return flash_wgmma() && compute_capability(device) == 90;
-#else
-  (void)device;
-  return false;
-#endif
+  return flash_wgmma() && sm90a_kernels(device);
 }
 
 }  // namespace microllm::cuda_kernels::attention

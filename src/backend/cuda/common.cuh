@@ -147,6 +147,16 @@ bool chained_launches(int device);
 int multiprocessor_count(int device);
 // 10 x major + minor of `device` (90 for an H100 / H200), read once.
 int compute_capability(int device);
+// Whether the Hopper-only kernels (wgmma, TMA: sm_90a machine code) can run on `device`: the build has sm_90a code
+// (MICROLLM_CUDA_SM90A, set where the architectures include it) and the device is compute capability 9.0.
+inline bool sm90a_kernels(int device) {
+#if defined(MICROLLM_CUDA_SM90A)
+  return compute_capability(device) == 90;
+#else
+  (void)device;
+  return false;
+#endif
+}
 // The most dynamic shared memory a CTA of `device` may opt in to (227 KB on an H100 / H200), read once.
 int max_shared_memory_optin(int device);
 

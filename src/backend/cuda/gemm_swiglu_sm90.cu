@@ -355,12 +355,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace sm90_swiglu
 
 bool swiglu_gemm_available(int device) {
-#if defined(MICROLLM_CUDA_SM90A)
-  return fused_swiglu_gemm() && compute_capability(device) == 90;
-#else
-  (void)device;
-  return false;
-#endif
+  return fused_swiglu_gemm() && sm90a_kernels(device);
 }
 
 // Measured (cuda_ops_bench norm_gate_up_swiglu against norm_gate_up_swiglu_unfused, docs/perf/cuda-ops.md): at 2,048
