@@ -339,8 +339,6 @@ void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_
 
 }  // namespace flash_fwd
 
-bool flash_forward_uses_wgmma(int device) {
-  return flash_wgmma() && sm90a_kernels(device);
-}
+bool flash_forward_uses_wgmma(int device) { return flash_wgmma() && sm90a_kernels(device); }
 
 }  // namespace microllm::cuda_kernels::attention

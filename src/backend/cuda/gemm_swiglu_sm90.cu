@@ -354,9 +354,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 }  // namespace sm90_swiglu
 
-bool swiglu_gemm_available(int device) {
-  return fused_swiglu_gemm() && sm90a_kernels(device);
-}
+bool swiglu_gemm_available(int device) { return fused_swiglu_gemm() && sm90a_kernels(device); }
 
 // Measured (cuda_ops_bench norm_gate_up_swiglu against norm_gate_up_swiglu_unfused, docs/perf/cuda-ops.md): at 2,048
 // rows the fused kernel wins for both models; at 512 rows (R1-1.5B: 280 tiles, 2.1 per SM, its last round half
