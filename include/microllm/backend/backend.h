@@ -225,7 +225,7 @@ bool deterministic_algorithms();
 void set_decode_gemv(bool enabled);
 bool decode_gemv();
 
-// Whether CUDA's rms_norm_linear with SwiGLU (the MLP's input half) past decode size (256+ rows, bf16/f16) runs
+// Whether CUDA's rms_norm_linear with SwiGLU (the MLP's input half) at prefill size (2,048+ rows, bf16/f16) runs
 // its product as one Hopper GEMM with SwiGLU in the epilogue (src/backend/cuda/gemm_swiglu_sm90.cu) on an sm_90
 // GPU, instead of cuBLASLt and then the swiglu kernel. On by default; MICROLLM_SWIGLU_GEMM=0 turns it off (read
 // once, at the first call); set_fused_swiglu_gemm overrides both (process-wide). A CUDA graph keeps the path

@@ -48,6 +48,8 @@
 // where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
+#include "gemv.h"
+
 #include <climits>
 #include <optional>
 
@@ -56,7 +58,6 @@
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "gemm_swiglu.h"
-#include "gemv.h"
 #include "microllm/backend/backend.h"
 #include "op_scope.h"
 #include "rows.cuh"
@@ -416,8 +417,9 @@ bool CudaBackend::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool
   return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
 }
 
-// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; past decode size with SwiGLU,
-// rms_norm and the Hopper SwiGLU GEMM (gemm_swiglu_sm90.cu) where it takes them; else the composition.
+// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; at prefill size with SwiGLU
+// (swiglu_gemm_pays), rms_norm and the Hopper SwiGLU GEMM (gemm_swiglu_sm90.cu) where it takes them; else the
+// composition.
 void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                   const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                   const Tensor& h_out) {
@@ -430,7 +432,7 @@ void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const
       return;
     }
   }
-  // Past decode size the MLP's input half on Hopper: rms_norm, then one GEMM with SwiGLU in its epilogue.
+  // At prefill size the MLP's input half on Hopper: rms_norm, then one GEMM with SwiGLU in its epilogue.
   if (swiglu && !bias.defined() && cuda_kernels::swiglu_gemm_pays(x.size(0))) {
     const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
     if (cuda_kernels::swiglu_gemm_takes(normed, weight, out)) {
