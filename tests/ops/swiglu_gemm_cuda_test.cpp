@@ -199,6 +199,12 @@ TEST_P(SwigluGemmCudaTest, RefusesWhatItDoesNotTake) {
   const Tensor odd = Tensor::empty({256, 68}, dtype(), kGpu).narrow(1, 0, 64);  // rows 136 bytes apart
   EXPECT_FALSE(cuda_kernels::swiglu_gemm_takes(odd, Tensor::empty({128, 64}, dtype(), kGpu),
                                                Tensor::empty({256, 64}, dtype(), kGpu)));
+  // out: the epilogue stores 16-byte chunks, so rows 4 bytes apart past a multiple of 16, or a base off 16 bytes, are
+  // refused (rows 136 bytes apart; a base 4 bytes in).
+  const Tensor w = Tensor::empty({128, 64}, dtype(), kGpu), x64 = Tensor::empty({256, 64}, dtype(), kGpu);
+  EXPECT_FALSE(cuda_kernels::swiglu_gemm_takes(x64, w, Tensor::empty({256, 68}, dtype(), kGpu).narrow(1, 0, 64)));
+  EXPECT_FALSE(cuda_kernels::swiglu_gemm_takes(x64, w, Tensor::empty({256, 72}, dtype(), kGpu).narrow(1, 2, 64)));
+  EXPECT_TRUE(cuda_kernels::swiglu_gemm_takes(x64, w, Tensor::empty({256, 72}, dtype(), kGpu).narrow(1, 0, 64)));
   EXPECT_THROW(cuda_kernels::swiglu_gemm(odd, Tensor::empty({128, 64}, dtype(), kGpu),
                                          Tensor::empty({256, 64}, dtype(), kGpu), stream()),
                ShapeError);

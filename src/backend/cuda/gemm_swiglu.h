@@ -13,8 +13,8 @@ namespace microllm::cuda_kernels {
 bool swiglu_gemm_available(int device);
 
 // Whether swiglu_gemm takes these operands: x [m, k], w [2n, k] = [w_gate; w_up], out [m, n]; one dtype, bf16 or
-// f16; k % 8 == 0, n % 8 == 0; unit inner strides, row strides of whole 16-byte units, 16-byte aligned x and w;
-// and swiglu_gemm_available.
+// f16; k and n multiples of 8 (at least 8); every row of x, w and out 16-byte aligned with a unit inner stride
+// (rows::rows_aligned16); and swiglu_gemm_available.
 bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out);
 
 // Whether the kernel beats cuBLASLt's product and the swiglu kernel at this many rows (measured: prefill-sized

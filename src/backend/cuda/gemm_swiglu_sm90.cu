@@ -61,6 +61,7 @@
 #include "microllm/backend/backend.h"
 #include "microllm/core/error.h"
 #include "op_scope.h"
+#include "rows.cuh"
 
 namespace microllm::cuda_kernels {
 namespace sm90_swiglu {
@@ -349,8 +350,6 @@ CUtensorMap matrix_map(const void* base, DType dtype, int64_t rows, int64_t cols
   return map;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 }  // namespace sm90_swiglu
 
@@ -362,7 +361,6 @@ bool swiglu_gemm_available(int device) { return fused_swiglu_gemm() && sm90a_ker
 bool swiglu_gemm_pays(int64_t rows) { return rows >= 2048; }
 
 bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out) {
-  namespace sg = sm90_swiglu;
   const DType dtype = x.dtype();
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   if (w.dtype() != dtype || out.dtype() != dtype || x.dim() != 2 || w.dim() != 2 || out.dim() != 2) return false;
@@ -370,10 +368,9 @@ bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out) {
   const int64_t m = x.size(0), k = x.size(1), n = out.size(1);
   if (m < 1 || m > INT32_MAX || k < 8 || k % 8 != 0 || n < 8 || n % 8 != 0 || n > INT32_MAX / 2) return false;
   if (w.size(0) != 2 * n || w.size(1) != k || out.size(0) != m) return false;
-  // TMA: unit inner strides, row strides of whole 16-byte units, 16-byte aligned bases (the up rows' too).
-  return x.stride(1) == 1 && w.stride(1) == 1 && out.stride(1) == 1 && x.stride(0) % 8 == 0 && w.stride(0) % 8 == 0 &&
-         out.stride(0) % 2 == 0 && sg::aligned16(x.data_ptr()) && sg::aligned16(w.data_ptr()) &&
-         reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0 && swiglu_gemm_available(x.device().index);
+  // TMA reads x and w, and the epilogue writes out, in 16-byte rows (w's up rows start n whole rows in).
+  return rows::rows_aligned16(x) && rows::rows_aligned16(w) && rows::rows_aligned16(out) &&
+         swiglu_gemm_available(x.device().index);
 }
 
 void swiglu_gemm(const Tensor& x, const Tensor& w, const Tensor& out, cudaStream_t stream) {
