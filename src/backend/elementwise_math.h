@@ -29,6 +29,13 @@ MICROLLM_HD inline A sigmoid(A x) {
   return A(1) / (A(1) + std::exp(-x));
 }
 
+// SwiGLU of one element: silu(gate) * up. The swiglu ops of both backends and the CUDA kernels that fold it in
+// (the decode GEMV, the Hopper SwiGLU GEMM) all call this, so they give the same bits on the same inputs.
+template <typename A>
+MICROLLM_HD inline A swiglu(A gate, A up) {
+  return gate * sigmoid(gate) * up;
+}
+
 template <typename A>
 MICROLLM_HD inline A unary_forward(UnaryOp op, A x, A alpha) {
   constexpr A kSqrt2OverPi = A(0.7978845608028654);

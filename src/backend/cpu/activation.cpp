@@ -16,7 +16,7 @@ void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out)
       for (int64_t i = 0; i < n; ++i) {
         const A g = cpu::load(gs + off[1] + i * step[1]);
         const A u = cpu::load(us + off[2] + i * step[2]);
-        cpu::store(dst + off[0] + i * step[0], g * math::sigmoid(g) * u);
+        cpu::store(dst + off[0] + i * step[0], math::swiglu(g, u));
       }
     });
   });

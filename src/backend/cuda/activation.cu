@@ -144,8 +144,7 @@ void launch_gated(const std::array<const Tensor*, NOUT>& outputs, const std::arr
 struct SwigluFn {
   template <typename A>
   __device__ void operator()(const A (&in)[2], A (&out)[1]) const {
-    const A g = in[0], u = in[1];
-    out[0] = g * math::sigmoid(g) * u;
+    out[0] = math::swiglu(in[0], in[1]);
   }
 };
 

@@ -189,8 +189,7 @@ __device__ __forceinline__ void finish_tiles(const Args& a, const T* staged, uin
       alignas(16) T act[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float g = to_acc(gate[e]), u = to_acc(up[e]);
-        act[e] = from_acc<T>(g * math::sigmoid(g) * u);
+        act[e] = from_acc<T>(math::swiglu(to_acc(gate[e]), to_acc(up[e])));
       }
       *reinterpret_cast<uint4*>(static_cast<T*>(a.out) + static_cast<int64_t>(row) * a.out_stride + col) =
           *reinterpret_cast<const uint4*>(act);

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
     float y;
     if constexpr (kSwiGLU) {  // swiglu of the rounded gate_up product (activation.cu's SwigluFn)
       const float gate = to_acc(from_acc<T>(acc[0])), up = to_acc(from_acc<T>(acc[kStreams - 1]));
-      y = gate * math::sigmoid(gate) * up;
+      y = math::swiglu(gate, up);
     } else {
       y = acc[0] + (a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.0f);
       if (addend) y += e == static_cast<int>(threadIdx.x) ? first_addend : addend_at(b, col);
