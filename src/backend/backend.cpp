@@ -91,13 +91,17 @@ void Backend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Ten
   const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
   const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
-  if (!swiglu) {
+  if (swiglu) {
+    linear_swiglu(normed, weight, bias, out);
+  } else {
     matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
-    return;
   }
+}
+
+void Backend::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   const int64_t n = out.size(1);
   const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
-  matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
+  matmul(x, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
   this->swiglu(gate_up.narrow(1, 0, n), gate_up.narrow(1, n, n), out);
 }
 

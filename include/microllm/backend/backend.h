@@ -65,6 +65,11 @@ class Backend {
   // be undefined) is contiguous in out's shape (the residual add of linear_add).
   virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
                       const Tensor& addend, const Tensor& out) = 0;
+  // The MLP's input half after its RMSNorm: out [M, N] = swiglu(x @ w_gate^T + b_gate, x @ w_up^T + b_up) with
+  // weight [2N, K] = [w_gate; w_up], x [M, K], bias [2N] or undefined, out [M, N] contiguous (rms_norm_linear's last
+  // step). The default is matmul into [M, 2N], then swiglu of its two halves; CUDA runs one Hopper GEMM with SwiGLU
+  // in its epilogue at prefill size (src/backend/cuda/gemm_swiglu_sm90.cu).
+  virtual void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
 
   // ---- normalization (norm.*) ----
   // h = round(x (+ residual)); out = round(weight * round(h * rsqrt(mean(h^2) + eps))) with round() to
@@ -76,8 +81,8 @@ class Backend {
                                  const Tensor& grad_h, const Tensor& grad_weight) = 0;
 
   // rms_norm_linear (ops/norm_linear.h) on rows: x [M, K], residual [M, K] or undefined, out [M, N] contiguous,
-  // h_out [M, K] (undefined without a residual). The default is the composition of this backend's rms_norm,
-  // matmul and swiglu (the reference); CUDA folds all three into its decode GEMV when M <= 8.
+  // h_out [M, K] (undefined without a residual). The default is the composition of this backend's rms_norm and
+  // matmul or linear_swiglu (the reference); CUDA folds all three into its decode GEMV when M <= 8.
   virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                const Tensor& h_out);
@@ -225,8 +230,8 @@ bool deterministic_algorithms();
 void set_decode_gemv(bool enabled);
 bool decode_gemv();
 
-// Whether CUDA's rms_norm_linear with SwiGLU (the MLP's input half) at prefill size (2,048+ rows, bf16/f16) runs
-// its product as one Hopper GEMM with SwiGLU in the epilogue (src/backend/cuda/gemm_swiglu_sm90.cu) on an sm_90
+// Whether CUDA's linear_swiglu (the MLP's input half, rms_norm_linear's last step) at prefill size (2,048+ rows,
+// bf16/f16) runs as one Hopper GEMM with SwiGLU in the epilogue (src/backend/cuda/gemm_swiglu_sm90.cu) on an sm_90
 // GPU, instead of cuBLASLt and then the swiglu kernel. On by default; MICROLLM_SWIGLU_GEMM=0 turns it off (read
 // once, at the first call); set_fused_swiglu_gemm overrides both (process-wide). A CUDA graph keeps the path
 // that was chosen when it was captured.

@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
                           const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                           const Tensor& grad_v) override;
 
+  void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
   bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const override;
   void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                        const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,

@@ -48,8 +48,6 @@
 // where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
-#include "gemv.h"
-
 #include <climits>
 #include <optional>
 
@@ -57,7 +55,7 @@
 #include "attention_mma.cuh"
 #include "common.cuh"
 #include "cuda_backend.h"
-#include "gemm_swiglu.h"
+#include "gemv.h"
 #include "microllm/backend/backend.h"
 #include "op_scope.h"
 #include "rows.cuh"
@@ -417,9 +415,8 @@ bool CudaBackend::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool
   return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
 }
 
-// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; at prefill size with SwiGLU
-// (swiglu_gemm_pays), rms_norm and the Hopper SwiGLU GEMM (gemm_swiglu_sm90.cu) where it takes them; else the
-// composition.
+// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition (whose
+// linear_swiglu runs the Hopper SwiGLU GEMM at prefill size: gemm_swiglu_sm90.cu).
 void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                   const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                   const Tensor& h_out) {
@@ -432,19 +429,7 @@ void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const
       return;
     }
   }
-  // At prefill size the MLP's input half on Hopper: rms_norm, then one GEMM with SwiGLU in its epilogue.
-  if (swiglu && !bias.defined() && cuda_kernels::swiglu_gemm_pays(x.size(0))) {
-    const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (cuda_kernels::swiglu_gemm_takes(normed, weight, out)) {
-      const Tensor rstd = Tensor::empty({x.size(0)}, DType::f32, x.device());
-      rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
-      const cuda_kernels::OpScope scope("swiglu_gemm", device_, detail::current_cuda_stream(device_));
-      const cuda_kernels::Launch launch(out);
-      cuda_kernels::swiglu_gemm(normed, weight, out, launch.stream);
-      return;
-    }
-  }
-  // Declined: the separate kernels, each timed under its own op (rms_norm, matmul, swiglu).
+  // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and swiglu or swiglu_gemm).
   Backend::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
 }
 
