@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -434,10 +435,28 @@ void check_projected_equals_composition(const Cache& c, DType dtype, int64_t hid
   EXPECT_EQ(host_values(v_pool), host_values(v_ref));
 }
 
+// The long-context cases of DecodeAttentionProjectedIsAttentionThenLinear, run by CUDA through both of its fused
+// paths past one split.
+void check_long_context_projected(DType dtype, bool with_addend, Device d) {
+  // Past one split (a long context): one token, two, one with a padding row.
+  check_projected_equals_composition(make_cache({1500}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896, with_addend,
+                                     2048, d, "long context b1");
+  check_projected_equals_composition(make_cache({600, 1800}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896,
+                                     with_addend, 2048, d, "long context b2");
+  check_projected_equals_composition(make_cache({900, 2040}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896,
+                                     with_addend, 4096, d, "long context b2, 4096-key graph");
+  check_projected_equals_composition(make_cache({700}, 16, 2, 14, 64, 1, true, d, 3, 1024), dtype, 900, with_addend,
+                                     1024, d, "long context + padding, hidden 900");
+  // R1-Distill-1.5B's heads (12 of D 128 over 2 kv heads, hidden 1536), a sequence far shorter than max_context.
+  check_projected_equals_composition(make_cache({333}, 16, 2, 12, 128, 1, false, d, 3, 2048), dtype, 1536, with_addend,
+                                     2048, d, "r1 long context b1");
+}
+
 TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
   const Device d = device();
 #ifdef MICROLLM_WITH_CUDA
   const int64_t launches_before = d.is_cuda() ? cuda_kernels::paged::projected_launches() : 0;
+  const int64_t clusters_before = d.is_cuda() ? cuda_kernels::paged::token_cluster_launches() : 0;
 #endif
   for (DType dtype : kPoolTypes) {
     for (bool with_addend : {true, false}) {
@@ -455,14 +474,16 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                          256, d, "hidden 900");
       check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,
                                          with_addend, 128, d, "group 4");
-      // Past one split (a long context): the splits, then one kernel merging them and projecting (replicated
-      // clusters, rows in shared memory); one token, two, and one with a padding row.
-      check_projected_equals_composition(make_cache({1500}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896,
-                                         with_addend, 2048, d, "long context b1");
-      check_projected_equals_composition(make_cache({900, 2040}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896,
-                                         with_addend, 4096, d, "long context b2");
-      check_projected_equals_composition(make_cache({700}, 16, 2, 14, 64, 1, true, d, 3, 1024), dtype, 900, with_addend,
-                                         1024, d, "long context + padding, hidden 900");
+      // Past one split, CUDA's two fused paths: a token's attention in one cluster (paged_token_cluster_kernel),
+      // and the splits followed by one kernel merging them and projecting (the switch off).
+      check_long_context_projected(dtype, with_addend, d);
+#ifdef MICROLLM_WITH_CUDA
+      if (d.is_cuda()) {
+        const testing::ScopedSwitch splits(cuda_kernels::paged::token_clusters, cuda_kernels::paged::set_token_clusters,
+                                           false);
+        check_long_context_projected(dtype, with_addend, d);
+      }
+#endif
     }
     // Declined by CUDA's fused kernels (the composition runs): several splits over four token rows; R1-1.5B's
     // o_weight (384 KB a CTA); four tokens.
@@ -474,10 +495,13 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                        true, 256, d, "four tokens");
   }
 #ifdef MICROLLM_WITH_CUDA
-  // 7 cases x 2 addends x {bf16, f16}: a silent fallback would pass the comparisons above without testing the
-  // kernels.
-  if (d.is_cuda()) {
-    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 28);
+  // {bf16, f16} x 2 addends x (4 short cases + 5 long ones with clusters + the same 5 without), 3 of the long ones
+  // in a token's cluster (a 4,096-key graph's slices are past one chunk, R1's o_weight past the budgets): a silent
+  // fallback would pass the comparisons above without testing the kernels. (Not where MICROLLM_ATTENTION_O_REPLICAS
+  // forces a replica count: tools/gpu/run.sh's tests step runs this test so, and R1's rows fit no single replica.)
+  if (d.is_cuda() && std::getenv("MICROLLM_ATTENTION_O_REPLICAS") == nullptr) {
+    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 4 * 14);
+    EXPECT_EQ(cuda_kernels::paged::token_cluster_launches() - clusters_before, 4 * 3);
   }
 #endif
 }

@@ -41,6 +41,7 @@ constexpr int64_t kMaxProjectedTokens = 2;
 constexpr int64_t kMaxStagedProjection = 64 << 10;
 constexpr int64_t kMaxStreamedProjection = 128 << 10;
 constexpr int kMaxReplicas = 8;
+constexpr int kMaxClusterCtas = 16;  // sm_90's largest (non-portable) thread-block cluster
 
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
 // shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256).
@@ -170,10 +171,10 @@ bool projection_fused() {
   return on;
 }
 
-// The o projection's share of a token's work when it rides in a cluster kernel: `replicas` clusters a token
-// (grid y), each CTA computing o_cols columns. The most replicas (up to kMaxReplicas) that keep tokens x q_heads x
-// replicas CTAs within max_ctas with at most kMaxStagedProjection bytes of rows a CTA, copied into shared memory
-// before the kernel's wait; else one cluster a token streaming its rows through L2 (at most
+// The o projection's share of a token's work when it rides in a cluster kernel of cluster_ctas CTAs: `replicas`
+// clusters a token (grid y), each CTA computing o_cols columns. The most replicas (up to kMaxReplicas) that keep
+// tokens x cluster_ctas x replicas CTAs within max_ctas with at most staged_budget bytes of rows a CTA, copied into
+// shared memory before the kernel's wait; else one cluster a token streaming its rows through L2 (at most
 // kMaxStreamedProjection a CTA). Sets a.replicas and a.o_cols; returns the staged bytes a CTA (0: streamed), or
 // -1 where the rows fit neither budget. max_ctas: half the SMs for the one-kernel path, whose replicas each
 // compute the token's attention again and sit beside the qkv kernel's CTAs; all of them past one split, where a
@@ -188,21 +189,22 @@ bool projection_fused() {
 //   2,045 / 2,040 tok/s (4 replicas, 28 KB), 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032 (8 replicas,
 //   14 KB); forced 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
-int64_t plan_projection(PagedArgs& a, int64_t tokens, int64_t element_bytes, int64_t max_ctas) {
+int64_t plan_projection(PagedArgs& a, int64_t tokens, int64_t element_bytes, int64_t max_ctas, int64_t cluster_ctas,
+                        int64_t staged_budget = kMaxStagedProjection) {
   static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
   const int64_t row_bytes = int64_t{a.o_in} * element_bytes;
-  auto cols_for = [&](int64_t r) { return (a.hidden + a.q_heads * r - 1) / (a.q_heads * r); };
+  auto cols_for = [&](int64_t r) { return (a.hidden + cluster_ctas * r - 1) / (cluster_ctas * r); };
   int replicas = forced;
   if (replicas == 0) {
     replicas = 1;
-    for (int r = 2; r <= kMaxReplicas && tokens * a.q_heads * r <= max_ctas; ++r) {
-      if (cols_for(r) * row_bytes <= kMaxStagedProjection) replicas = r;
+    for (int r = 2; r <= kMaxReplicas && tokens * cluster_ctas * r <= max_ctas; ++r) {
+      if (cols_for(r) * row_bytes <= staged_budget) replicas = r;
     }
   }
   a.replicas = replicas;
   a.o_cols = static_cast<int>(cols_for(replicas));
   const int64_t rows_bytes = a.o_cols * row_bytes;
-  if (rows_bytes > (replicas > 1 ? kMaxStagedProjection : kMaxStreamedProjection)) return -1;
+  if (rows_bytes > (replicas > 1 ? staged_budget : kMaxStreamedProjection)) return -1;
   return replicas > 1 ? rows_bytes : 0;
 }
 
@@ -239,13 +241,12 @@ bool clusters_fit(Kernel kernel, int device, unsigned cluster, size_t smem, int 
 template <typename T>
 bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
                       cudaStream_t stream) {
-  constexpr int kMaxClusterCtas = 16;  // sm_90's largest (non-portable) cluster
   if (!projection_fused() || compute_capability(device) < 90 || tokens > kMaxProjectedTokens ||
       !one_head_per_cta(a, tokens, max_context, sms) || a.q_heads > kMaxClusterCtas) {
     return false;
   }
   const size_t base = plan_staged<T, 1>(a, tokens, max_context, sms);
-  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms / 2);
+  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms / 2, a.q_heads);
   if (staged < 0 || a.n_split != 1 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane a row
   a.proj_offset = static_cast<int>((base + 15) / 16 * 16);
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
@@ -272,7 +273,6 @@ bool launch_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t
 template <typename T>
 bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                             cudaStream_t stream) {
-  constexpr int kMaxClusterCtas = 16;
   const int device = dev.index;
   if (!projection_fused() || compute_capability(device) < 90 || tokens > kMaxProjectedTokens ||
       a.q_heads > kMaxClusterCtas || one_head_per_cta(a, tokens, max_context, sms)) {
@@ -280,7 +280,7 @@ bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, i
   }
   PagedArgs plan = a;
   plan_staged<T, kRowsPerCta>(plan, tokens, max_context, sms);
-  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms);
+  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms, a.q_heads);
   if (plan.n_split == 1 || staged < 0 || a.o_cols > 32 * (kSmallThreads / 32)) return false;
   a.proj_offset = static_cast<int>(((plan.n_split + 32) * sizeof(float) + 15) / 16 * 16);
   const size_t smem = static_cast<size_t>(a.proj_offset) + static_cast<size_t>(a.dim + a.o_in) * sizeof(T) +
@@ -293,6 +293,71 @@ bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, i
   const OpScope scope("paged_decode_attention_projected", device, stream);
   launch_staged_rows<T, kRowsPerCta, true, true>(a, freq, tokens, max_context, sms, dev, stream, smem);
   g_projected_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+std::atomic<int64_t> g_token_cluster_launches{0};
+
+// MICROLLM_ATTENTION_CLUSTER=0 (read once) or set_token_clusters(false) keeps launch_token_cluster out: an A/B switch.
+std::atomic<bool>& token_clusters_flag() {
+  static std::atomic<bool> flag{detail::switch_from_environment("MICROLLM_ATTENTION_CLUSTER")};
+  return flag;
+}
+
+// paged_decode_attention_projected past one split in one kernel (paged_token_cluster_kernel): where a context past
+// one chunk would take the splits and their merge, at most kMaxProjectedTokens tokens, a GQA group within one CTA's
+// rows, the token's kv heads x slices within a cluster with a CTA for every query head, and a slice of max_context
+// within one chunk (kMaxChunk keys: 2,048 for 2 kv heads), staged whole. Replicas (plan_projection) within half the
+// SMs, as launch_projected's: each repeats the token's attention, and they sit beside the qkv kernel's CTAs.
+// Returns false, having launched nothing, anywhere else.
+// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 11:40 UTC, against the splits in the same call, two passes;
+// docs/perf/inference.md): 512:2:64 2,234 -> 2,401 tok/s, 1024:2:64 2,153 -> 2,278, 512:1:64 1,195 -> 1,345,
+// 1024:1:64 1,176 -> 1,290; 4 replicas at batch 2 (all the SMs) 2,329 and 2,201 instead.
+// Why not longer contexts (measured in the model, docs/perf/inference.md): a slice of a 4,096-key graph staged whole
+// (197 KB a CTA) lost to the splits (1,601 against 2,039 tok/s at 2048:2:64), and so did slices in passes of 256 or
+// 128 keys with an online softmax between them (1,746 and 1,757 against 2,060): a CTA's 8 query heads over a few
+// hundred keys on the CUDA cores take longer than the splits' 128 keys over twice the SMs.
+template <typename T>
+bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
+                          cudaStream_t stream) {
+  constexpr int R = kRowsPerCta;
+  if (!projection_fused() || !token_clusters_flag().load(std::memory_order_relaxed) ||
+      compute_capability(device) < 90 || tokens > kMaxProjectedTokens || a.group > R ||
+      one_head_per_cta(a, tokens, max_context, sms)) {
+    return false;
+  }
+  const int slices = kMaxClusterCtas / a.kv_heads, ctas = a.kv_heads * slices;
+  if (slices < a.group) return false;  // CTA h merges query head h: a CTA for every query head
+  const int64_t chunk = ((max_context + slices - 1) / slices + 31) / 32 * 32;
+  if (chunk > kMaxChunk) return false;
+  a.slices = slices;
+  a.row_blocks = 1;
+  a.n_split = 1;
+  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
+  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
+  const int64_t stage_bytes =
+      (std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
+  const int64_t floats = 2 * R * a.dim + R * chunk + 2 * R + chunk;  // sq, po, sc, m, l; bad
+  const int64_t proj_offset = (stage_bytes + floats * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
+  const int64_t heads_bytes = static_cast<int64_t>(a.dim + a.o_in) * static_cast<int64_t>(sizeof(T));
+  const int64_t room = max_shared_memory_optin(device) - proj_offset - heads_bytes;
+  if (room < 0) return false;
+  const int64_t staged = plan_projection(a, tokens, sizeof(T), sms / 2, ctas, std::min(room, kMaxStagedProjection));
+  if (staged < 0 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane a row
+  a.chunk = static_cast<int>(chunk);
+  a.stage_bytes = static_cast<int>(stage_bytes);
+  a.proj_offset = static_cast<int>(proj_offset);
+  const size_t smem = static_cast<size_t>(proj_offset + heads_bytes + staged);
+  void (*kernel)(PagedArgs, RopeFreq) = nullptr;
+  with_head_dim(a.dim, [&]<int kDim>() {
+    kernel = staged > 0 ? paged_token_cluster_kernel<T, R, kDim, true> : paged_token_cluster_kernel<T, R, kDim, false>;
+  });
+  if (!clusters_fit(kernel, device, static_cast<unsigned>(ctas), smem)) return false;
+  const OpScope scope("paged_decode_attention_projected", device, stream);
+  const dim3 grid(static_cast<unsigned>(tokens * ctas), static_cast<unsigned>(a.replicas));
+  launch_chained_in_clusters(static_cast<unsigned>(ctas), kernel, grid, kStagedThreads, smem, stream, device, a, freq);
+  g_projected_launches.fetch_add(1, std::memory_order_relaxed);
+  g_token_cluster_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -349,6 +414,9 @@ void set_new_kv(PagedArgs& a, const Tensor& k, const Tensor& v, const Tensor& sl
 }  // namespace
 
 int64_t projected_launches() { return g_projected_launches.load(std::memory_order_relaxed); }
+int64_t token_cluster_launches() { return g_token_cluster_launches.load(std::memory_order_relaxed); }
+bool token_clusters() { return token_clusters_flag().load(std::memory_order_relaxed); }
+void set_token_clusters(bool enabled) { token_clusters_flag().store(enabled, std::memory_order_relaxed); }
 
 }  // namespace cuda_kernels::paged
 
@@ -440,9 +508,11 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
     if (q.dtype() == DType::bf16) {
       launched =
           pg::launch_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+          pg::launch_token_cluster<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
           pg::launch_split_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     } else {
       launched = pg::launch_projected<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+                 pg::launch_token_cluster<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
                  pg::launch_split_projected<__half>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     }
     if (launched) return;

@@ -8,5 +8,12 @@ namespace microllm::cuda_kernels::paged {
 // How many paged_decode_attention_projected calls ran as one kernel (attention and o projection fused) since
 // the process started; the others ran the composition of the two ops.
 int64_t projected_launches();
+// How many of those ran as paged_token_cluster_kernel (a context past one split, a token's attention in one cluster).
+int64_t token_cluster_launches();
+
+// Whether paged_decode_attention_projected may take paged_token_cluster_kernel (MICROLLM_ATTENTION_CLUSTER, on by
+// default); set_token_clusters overrides it process-wide (tests run both paths).
+bool token_clusters();
+void set_token_clusters(bool enabled);
 
 }  // namespace microllm::cuda_kernels::paged

@@ -32,10 +32,13 @@
 // a CTA in shared memory or 128 KB through L2: Qwen2.5-0.5B's batch-1/2 steps up to 256 keys): the heads' outputs
 // meet through the cluster's shared memory and each CTA computes its share of the columns (kProject below; at
 // batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
-// longer context) the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a
-// token's query heads, replicated like kProject's but repeating only the merge of the splits (up to 8 clusters a
-// token within the SMs, rows in shared memory; one cluster streaming rows through L2 where 64 KB a CTA cannot
-// hold them); elsewhere the o GEMV runs after the attention.
+// longer context) up to 2,048 keys (for 2 kv heads), a token's whole attention and its projection run in one
+// cluster of kv heads x slices CTAs (paged_token_cluster_kernel: each CTA one slice of the keys for a kv head's
+// query heads, the slices merged through the cluster's shared memory). Past that, or where its budgets do not
+// hold, the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a token's
+// query heads, replicated like kProject's but repeating only the merge of the splits (up to 8 clusters a token
+// within the SMs, rows in shared memory; one cluster streaming rows through L2 where 64 KB a CTA cannot hold
+// them); elsewhere the o GEMV runs after the attention.
 // Other head dims or layouts take the simple kernel: a block per query row, online softmax over chunks
 // of 128 keys, strided scalar loads (paged_decode_attention: the composition of the separate ops).
 #pragma once
@@ -103,6 +106,8 @@ struct PagedArgs {
   void* proj_out;      // [N, hidden] contiguous
   int hidden, o_in, o_cols, replicas;
   int proj_offset;  // bytes of shared memory before the projection's region (16-byte aligned)
+  // paged_token_cluster_kernel: each kv head's keys in `slices` slices, one CTA each (clusters of kv_heads x slices).
+  int slices;
 };
 
 // Token n's sequence, its position and how many of its keys to attend to (0: padding or a bad seq id ->
@@ -153,6 +158,172 @@ __device__ __forceinline__ void rotate_pair(float x1, float x2, float pos, float
   y2 = from_acc<T>(second);
 }
 
+// ---- the staged kernels' phases (paged_staged_kernel, paged_token_cluster_kernel) ----
+
+// Phase 0: the K and V rows of keys [c0, c0 + keys) of kv head hk of sequence seq into sk, sv [keys][pitch], every
+// 16-byte copy in flight at once (cp.async; the caller waits). bad[jj] flags a key whose block id is bad: its rows
+// become zeros, so its p = 0 never meets a NaN. `report`: this CTA reports bad block ids.
+template <typename T>
+__device__ __forceinline__ void stage_key_rows(const PagedArgs& a, int seq, int hk, int c0, int keys, int D, int pitch,
+                                               T* sk, T* sv, int* bad, bool report) {
+  constexpr int kPiece = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
+  const T* kp = static_cast<const T*>(a.k_pool);
+  const T* vp = static_cast<const T*>(a.v_pool);
+  const int pieces = D / kPiece;
+  for (int p = threadIdx.x; p < keys * pieces; p += kStagedThreads) {
+    const int jj = p / pieces, part = (p % pieces) * kPiece;
+    T* kd = sk + jj * pitch + part;
+    T* vd = sv + jj * pitch + part;
+    const int block = key_block(a, seq, c0 + jj, part == 0 && report);
+    if (part == 0) bad[jj] = block < 0;
+    if (block < 0) {
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const int64_t row = static_cast<int64_t>((c0 + jj) % a.block_size);
+    copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
+    copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
+  }
+}
+
+// The fused decode step's queries: the nr rows from q (a row per query head) turned by the rotary embedding at
+// position pos as rope.cu turns them, rounded to T, into sq [R][D] as f32 (rows past nr: 0).
+template <typename T, int R>
+__device__ __forceinline__ void load_rotated_queries(const PagedArgs& a, const RopeFreq& freq, const T* q, int nr,
+                                                     float pos, int D, float* sq) {
+  const int half = D / 2;
+  for (int idx = threadIdx.x; idx < R * half; idx += kStagedThreads) {
+    const int r = idx / half, i = idx % half, first = i * a.pair_step, second = first + a.partner;
+    T y1 = from_acc<T>(0.f), y2 = from_acc<T>(0.f);
+    if (r < nr) {
+      const T* qr = q + r * a.q_stride[1];
+      rotate_pair(to_acc(qr[first * a.q_stride[2]]), to_acc(qr[second * a.q_stride[2]]), pos, freq.v[i], y1, y2);
+    }
+    sq[r * D + first] = to_acc(y1);
+    sq[r * D + second] = to_acc(y2);
+  }
+}
+
+// The fused decode step's new key and value (token n, kv head hk) into staged row jj: the key turned by the rotary
+// embedding at the token's position, both also written to the token's slot in the pools when `writes_pool` (once per
+// token and kv head) and the slot is the block table's slot for that position; `report` reports one that is not.
+template <typename T>
+__device__ __forceinline__ void take_new_key_value(const PagedArgs& a, const RopeFreq& freq, int64_t n, int hk,
+                                                   const Token& tok, int jj, bool writes_pool, bool report, int D,
+                                                   int pitch, T* sk, T* sv, int* bad) {
+  const int tid = threadIdx.x, half = D / 2;
+  const float pos = static_cast<float>(tok.pos);
+  const T* kn = static_cast<const T*>(a.k_new) + n * a.k_new_stride[0] + hk * a.k_new_stride[1];
+  const T* vn = static_cast<const T*>(a.v_new) + n * a.v_new_stride[0] + hk * a.v_new_stride[1];
+  int64_t kw = -1, vw = -1;
+  if (writes_pool) {
+    const int slot = a.slots[n * a.slot_stride];
+    const int block = key_block(a, tok.seq, tok.pos, false);
+    if (block >= 0 && slot == block * a.block_size + tok.pos % a.block_size) {
+      const int64_t row = tok.pos % a.block_size;
+      kw = block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2];
+      vw = block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2];
+    } else if (tid == 0 && report) {
+      report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
+    }
+  }
+  T* kpw = const_cast<T*>(static_cast<const T*>(a.k_pool));
+  T* vpw = const_cast<T*>(static_cast<const T*>(a.v_pool));
+  for (int i = tid; i < half; i += kStagedThreads) {
+    const int first = i * a.pair_step, second = first + a.partner;
+    T y1, y2;
+    rotate_pair(to_acc(kn[first * a.k_new_stride[2]]), to_acc(kn[second * a.k_new_stride[2]]), pos, freq.v[i], y1, y2);
+    sk[jj * pitch + first] = y1;
+    sk[jj * pitch + second] = y2;
+    if (kw >= 0) {
+      kpw[kw + first] = y1;
+      kpw[kw + second] = y2;
+    }
+  }
+  for (int d = tid; d < D; d += kStagedThreads) {
+    const T x = vn[d * a.v_new_stride[2]];
+    sv[jj * pitch + d] = x;
+    if (vw >= 0) vpw[vw + d] = x;
+  }
+  if (tid == 0) bad[jj] = 0;
+}
+
+// Phase 1 over nk staged keys (sk [nk][pitch]) for the R query rows in sq (nr of them real), after the barrier that
+// publishes the staged rows: sc [R][chunk] = the scaled scores, a thread per key, -inf for a bad key or a row past
+// nr. Ends with a barrier.
+template <typename T, int R>
+__device__ __forceinline__ void score_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
+                                                  const T* sk, const float* sq, float* sc, const int* bad) {
+  for (int jj = threadIdx.x; jj < nk; jj += kStagedThreads) {
+    float acc[R];
+    decode_phases::dot_rows<R>(sk + jj * pitch, sq, D, acc);
+    const bool valid = !bad[jj];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
+  }
+  __syncthreads();
+}
+
+// Phase 3 over nk staged keys: acc += sum_j p_j v_j for this thread's share, lane = (key slice in the warp, 8-dim
+// slice): dims [lane % (D / 8) * 8, +8) of keys lane / (D / 8) + warp * (32 / (D / 8)) + i * 32 / (D / 8) * warps.
+template <typename T, int R>
+__device__ __forceinline__ void accumulate_staged_values(int D, int chunk, int pitch, int nk, const T* sv,
+                                                         const float* sc, float (&acc)[R][8]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dims8 = D / 8;
+  const int per_warp = 32 / dims8, dc = lane % dims8, kq = lane / dims8;
+  for (int jj = warp * per_warp + kq; jj < nk; jj += kStagedWarps * per_warp) {
+    float vx[8];
+    load8(sv + jj * pitch + dc * 8, vx);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float p = sc[r * chunk + jj];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
+    }
+  }
+}
+
+// The end of phase 3: the warp's key slices summed with shuffles, then o's per-warp sums into red [warps][R][D]
+// (which aliases the staged rows: they must be dead), so o_r[d] = sum over w of red[(w * R + r) * D + d],
+// published by a final barrier.
+template <int R>
+__device__ __forceinline__ void reduce_staged_values(int D, float (&acc)[R][8], float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dims8 = D / 8;
+  for (int offset = dims8; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] += MICROLLM_SHFL_XOR(acc[r][e], offset);
+  }
+  __syncthreads();  // the staged rows are dead: red overwrites them
+  if (lane / dims8 == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + (lane % dims8) * 8 + e] = acc[r][e];
+  }
+  __syncthreads();
+}
+
+// Phases 1-3 over nk staged keys in one pass: scores, each row's max m and sum l of exp(s - m) (sm, sl [R]; a warp
+// per row), o = sum p v, leaving o's per-warp sums in red (reduce_staged_values).
+template <typename T, int R>
+__device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
+                                                   const T* sk, const T* sv, const float* sq, float* sc, float* sm,
+                                                   float* sl, const int* bad, float* red) {
+  score_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sq, sc, bad);
+  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
+  __syncthreads();
+  float acc[R][8];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  accumulate_staged_values<T, R>(D, chunk, pitch, nk, sv, sc, acc);
+  reduce_staged_values<R>(D, acc, red);
+}
+
 // kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; paged_projection.cuh): each
 // cluster computes one token's attention, CTA rank h holding query head h, and a token has `replicas` such
 // clusters (grid y). Before it waits (no kernel writes a weight) each CTA copies its o_cols rows of o_weight to
@@ -177,7 +348,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   static_assert(!kProject || (R == 1 && kDirect && kFused), "the projection follows a one-split fused decode step");
   static_assert(kProject || !kRowsStaged, "only the projection stages weight rows");
   extern __shared__ __align__(16) unsigned char paged_smem[];
-  const int D = kDim > 0 ? kDim : a.dim, chunk = a.chunk, pitch = a.pitch, dims8 = D / 8;
+  const int D = kDim > 0 ? kDim : a.dim, chunk = a.chunk, pitch = a.pitch;
   T* sk = reinterpret_cast<T*>(paged_smem);
   T* sv = sk + chunk * pitch;
   float* red = reinterpret_cast<float*>(paged_smem);
@@ -230,27 +401,9 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   // Fused: the chunk that holds the token's own position takes its new key and value from k_new / v_new.
   const bool holds_new = kFused && tok.pos < c0 + nk;
   const int from_pool = holds_new ? nk - 1 : nk;
-  const T* kp = static_cast<const T*>(a.k_pool);
-  const T* vp = static_cast<const T*>(a.v_pool);
 
   // ---- phase 0: stage the chunk's K and V rows (every 16-byte copy in flight at once); the queries ----
-  constexpr int kPiece = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte copy
-  const int pieces = D / kPiece;
-  for (int p = tid; p < from_pool * pieces; p += kStagedThreads) {
-    const int jj = p / pieces, part = (p % pieces) * kPiece;
-    T* kd = sk + jj * pitch + part;
-    T* vd = sv + jj * pitch + part;
-    const int block = key_block(a, tok.seq, c0 + jj, part == 0 && rb == 0 && hk == 0 && first_replica);
-    if (part == 0) bad[jj] = block < 0;
-    if (block < 0) {  // zeros, so the skipped key's p = 0 never meets a NaN
-      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    const int64_t row = static_cast<int64_t>((c0 + jj) % a.block_size);
-    copy16_async(kd, kp + block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2] + part);
-    copy16_async(vd, vp + block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2] + part);
-  }
+  stage_key_rows(a, tok.seq, hk, c0, from_pool, D, pitch, sk, sv, bad, rb == 0 && hk == 0 && first_replica);
   T* head_out = reinterpret_cast<T*>(paged_smem + a.proj_offset);  // kProject's region
   T* x_full = head_out + D;
   T* w_rows = x_full + a.o_in;  // kRowsStaged
@@ -273,57 +426,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   }
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + (hk * a.group + r0) * a.q_stride[1];
   if constexpr (kFused) {
-    const int half = D / 2;
-    const float pos = static_cast<float>(tok.pos);
-    for (int idx = tid; idx < R * half; idx += kStagedThreads) {
-      const int r = idx / half, i = idx % half, first = i * a.pair_step, second = first + a.partner;
-      T y1 = from_acc<T>(0.f), y2 = from_acc<T>(0.f);
-      if (r < nr) {
-        const T* qr = q + r * a.q_stride[1];
-        rotate_pair(to_acc(qr[first * a.q_stride[2]]), to_acc(qr[second * a.q_stride[2]]), pos, freq.v[i], y1, y2);
-      }
-      sq[r * D + first] = to_acc(y1);
-      sq[r * D + second] = to_acc(y2);
-    }
-    if (holds_new) {
-      const int jj = nk - 1;
-      const T* kn = static_cast<const T*>(a.k_new) + n * a.k_new_stride[0] + hk * a.k_new_stride[1];
-      const T* vn = static_cast<const T*>(a.v_new) + n * a.v_new_stride[0] + hk * a.v_new_stride[1];
-      // The first row block (of the first replica) writes the pools, once: the slot must be the table's slot for
-      // this position.
-      int64_t kw = -1, vw = -1;
-      if (rb == 0 && first_replica) {
-        const int slot = a.slots[n * a.slot_stride];
-        const int block = key_block(a, tok.seq, tok.pos, false);
-        if (block >= 0 && slot == block * a.block_size + tok.pos % a.block_size) {
-          const int64_t row = tok.pos % a.block_size;
-          kw = block * a.k_stride[0] + row * a.k_stride[1] + hk * a.k_stride[2];
-          vw = block * a.v_stride[0] + row * a.v_stride[1] + hk * a.v_stride[2];
-        } else if (tid == 0 && hk == 0) {
-          report_device_error(a.error_word, DeviceErrorCode::paged_slot, slot);
-        }
-      }
-      T* kpw = const_cast<T*>(kp);
-      T* vpw = const_cast<T*>(vp);
-      for (int i = tid; i < half; i += kStagedThreads) {
-        const int first = i * a.pair_step, second = first + a.partner;
-        T y1, y2;
-        rotate_pair(to_acc(kn[first * a.k_new_stride[2]]), to_acc(kn[second * a.k_new_stride[2]]), pos, freq.v[i], y1,
-                    y2);
-        sk[jj * pitch + first] = y1;
-        sk[jj * pitch + second] = y2;
-        if (kw >= 0) {
-          kpw[kw + first] = y1;
-          kpw[kw + second] = y2;
-        }
-      }
-      for (int d = tid; d < D; d += kStagedThreads) {
-        const T x = vn[d * a.v_new_stride[2]];
-        sv[jj * pitch + d] = x;
-        if (vw >= 0) vpw[vw + d] = x;
-      }
-      if (tid == 0) bad[jj] = 0;
-    }
+    load_rotated_queries<T, R>(a, freq, q, nr, static_cast<float>(tok.pos), D, sq);
+    // The first row block (of the first replica) writes the pools, once.
+    if (holds_new)
+      take_new_key_value(a, freq, n, hk, tok, nk - 1, rb == 0 && first_replica, hk == 0, D, pitch, sk, sv, bad);
   } else {
     for (int idx = tid; idx < R * D; idx += kStagedThreads) {
       const int r = idx / D, d = idx % D;
@@ -333,52 +439,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   copy_async_wait_all();
   __syncthreads();
 
-  // ---- phase 1: scores, one key per thread, all rows at once ----
-  for (int jj = tid; jj < nk; jj += kStagedThreads) {
-    float acc[R];
-    decode_phases::dot_rows<R>(sk + jj * pitch, sq, D, acc);
-    const bool valid = !bad[jj];
-#pragma unroll
-    for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
-  }
-  __syncthreads();
-
-  // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
-  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
-  __syncthreads();
-
-  // ---- phase 3: o = sum_j p_j v_j: lane = (key slice in the warp, 8-dim slice); slices summed by shuffles ----
-  const int lane = tid % 32, warp = tid / 32;
-  const int per_warp = 32 / dims8, dc = lane % dims8, kq = lane / dims8;
-  float acc[R][8];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
-  for (int jj = warp * per_warp + kq; jj < nk; jj += kStagedWarps * per_warp) {
-    float vx[8];
-    load8(sv + jj * pitch + dc * 8, vx);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float p = sc[r * chunk + jj];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
-    }
-  }
-  for (int offset = dims8; offset < 32; offset <<= 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r][e] += MICROLLM_SHFL_XOR(acc[r][e], offset);
-  }
-  __syncthreads();  // the staged rows are dead: red overwrites them
-  if (kq == 0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + dc * 8 + e] = acc[r][e];
-  }
-  __syncthreads();
+  attend_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
   for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
     const int r = idx / D, d = idx % D;
     float o = 0.f;
@@ -469,6 +530,100 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
       a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * a.dim, used, a.dim,
       reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, kRowsStaged ? w_rows : w,
       kRowsStaged ? a.o_in : a.o_weight_stride, cols, first_addend, static_cast<T*>(a.proj_out) + n * a.hidden + col0);
+}
+
+// paged_decode_attention_projected past one split, in one kernel where a token's attention fits one cluster
+// (paged_attention.cu: launch_token_cluster). A token has clusters of kv_heads x slices CTAs (grid y: replicas, as
+// kProject's); CTA rank c takes kv head c / slices and slice c % slices of the token's keys (an even share of its
+// length, at most a.chunk) for all R of that kv head's query heads, as a split of the staged kernel does, but keeps
+// its (m, l, o) in shared memory. After a cluster barrier CTA c < q_heads merges query head c from the slices of
+// its kv head (the combine's formula, read over distributed shared memory) and exchange_and_project does the rest.
+// A CTA whose slice holds no key (a short sequence, padding) takes part with m = -inf, l = 0: every CTA reaches
+// every cluster barrier.
+// Why: past one split the attention was two kernels (the splits, then their merge and the projection), and the
+// second waited for the whole grid of the first.
+// Shared memory: paged_staged_kernel's (sk, sv, red; sq [R][D], sc [R][chunk], sm, sl [R]), then o's sums
+// po [R][D] f32, then bad [chunk]; from proj_offset the head [D], the token's heads [o_in] and (kRowsStaged) the
+// CTA's o_weight rows [o_cols][o_in].
+template <typename T, int R, int kDim, bool kRowsStaged>
+__global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(const PagedArgs a, const RopeFreq freq) {
+  namespace cg = cooperative_groups;
+  extern __shared__ __align__(16) unsigned char cluster_smem[];
+  const int D = kDim > 0 ? kDim : a.dim, chunk = a.chunk, pitch = a.pitch;
+  T* sk = reinterpret_cast<T*>(cluster_smem);
+  T* sv = sk + chunk * pitch;
+  float* red = reinterpret_cast<float*>(cluster_smem);
+  float* sq = reinterpret_cast<float*>(cluster_smem + a.stage_bytes);
+  float* sc = sq + R * D;
+  float* sm = sc + R * chunk;
+  float* sl = sm + R;
+  float* po = sl + R;
+  int* bad = reinterpret_cast<int*>(po + R * D);
+  T* head = reinterpret_cast<T*>(cluster_smem + a.proj_offset);
+  T* x_full = head + D;
+  T* w_rows = x_full + a.o_in;
+
+  const int ctas = a.kv_heads * a.slices, rank = static_cast<int>(blockIdx.x) % ctas;
+  const int64_t n = blockIdx.x / ctas;
+  const int hk = rank / a.slices, slice = rank % a.slices, nr = a.group;
+  const bool first_replica = blockIdx.y == 0;  // writes the pools
+  const int tid = threadIdx.x;
+  const Token tok = resolve(a, n, rank == 0 && tid == 0 && first_replica);
+  const int span = (tok.len + a.slices - 1) / a.slices;  // <= chunk, as len <= max_context
+  const int c0 = slice * span, nk = max(0, min(span, tok.len - c0));
+  const bool holds_new = nk > 0 && tok.pos < c0 + nk;  // the token's own key and value: the slice's last
+  const int from_pool = holds_new ? nk - 1 : nk;
+
+  // Before the wait (no kernel of the step writes them; paged_staged_kernel's comment): the slice's cached rows, and
+  // the CTA's rows of o_weight to shared memory or for L2.
+  stage_key_rows(a, tok.seq, hk, c0, from_pool, D, pitch, sk, sv, bad, hk == 0 && first_replica);
+  const int col0 = projected_col0(ctas, a.o_cols), cols = projected_cols(ctas, a.o_cols, a.hidden);
+  const T* o_rows = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
+  if constexpr (kRowsStaged) {
+    const int packs = a.o_in / 8;
+    for (int p = tid; p < cols * packs; p += kStagedThreads) {
+      copy16_async(w_rows + p * 8, o_rows + static_cast<int64_t>(p / packs) * a.o_weight_stride + p % packs * 8);
+    }
+  } else if (tid < cols) {
+    prefetch_l2(o_rows + static_cast<int64_t>(tid) * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
+  }
+  wait_for_prior_grids();  // q, k, v and the addend come from the kernels before
+  chain_next_grids();
+  const int lane = tid % 32, j = tid / 32 + lane * kStagedWarps;  // project_rows: this warp's lane-th row
+  const float first_addend =
+      a.addend && j < cols ? to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]) : 0.f;
+  const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + hk * a.group * a.q_stride[1];
+  load_rotated_queries<T, R>(a, freq, q, nr, static_cast<float>(tok.pos), D, sq);
+  if (holds_new) take_new_key_value(a, freq, n, hk, tok, nk - 1, first_replica, hk == 0, D, pitch, sk, sv, bad);
+  copy_async_wait_all();
+  __syncthreads();
+  attend_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
+  for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kStagedWarps; ++w) o += red[(w * R + idx / D) * D + idx % D];
+    po[idx] = o;
+  }
+  cluster_arrive();
+  cluster_wait();  // every slice's (m, l, o) is in place
+  // Query head `rank`: row rank % group of kv head rank / group.
+  if (rank < a.q_heads && tid < D) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int first = rank / a.group * a.slices, r = rank % a.group;
+    float mx = -INFINITY;
+    for (int s = 0; s < a.slices; ++s) mx = fmaxf(mx, cluster.map_shared_rank(sm, first + s)[r]);
+    float sum = 0.f, o = 0.f;
+    for (int s = 0; s < a.slices; ++s) {
+      const float m = cluster.map_shared_rank(sm, first + s)[r];
+      const float w = mx == -INFINITY || m == -INFINITY ? 0.f : expf(m - mx);
+      sum += w * cluster.map_shared_rank(sl, first + s)[r];
+      o += w * cluster.map_shared_rank(po, first + s)[r * D + tid];
+    }
+    head[tid] = from_acc<T>(sum > 0.f ? o / sum : 0.f);
+  }
+  exchange_and_project<kStagedThreads, kRowsStaged>(head, x_full, a.o_in, D, kRowsStaged ? w_rows : o_rows,
+                                                    kRowsStaged ? a.o_in : a.o_weight_stride, cols, first_addend,
+                                                    static_cast<T*>(a.proj_out) + n * a.hidden + col0);
 }
 
 // Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an

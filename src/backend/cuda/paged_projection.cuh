@@ -1,9 +1,9 @@
-// Device pieces of paged_decode_attention_projected's last phase (paged_attention.cu: kProject, and past one
-// split the combine kernel's projected form): the cluster's exchange of the query heads' outputs and the o
-// projection of a CTA's share of the columns. A cluster holds one
-// token's query heads, CTA rank h head h; a token has `replicas` clusters (grid y), so CTA (h, replica r) owns
-// output columns [(r * q_heads + h) * o_cols, +o_cols). The cluster pieces are sm_90 (a HIP port compiles the
-// projected kernel out and runs the composition, docs/CUDA.md).
+// Device pieces of paged_decode_attention_projected's last phase (paged_attention.cu: kProject, the token's
+// cluster kernel, and past one split the combine kernel's projected form): the cluster's exchange of the query
+// heads' outputs and the o projection of a CTA's share of the columns. A cluster of C CTAs holds one token's query
+// heads, CTA rank h head h (C >= q_heads: ranks past the heads hold none); a token has `replicas` clusters (grid y),
+// so CTA (h, replica r) owns output columns [(r * C + h) * o_cols, +o_cols). The cluster pieces are sm_90 (a HIP port
+// compiles the projected kernels out and runs the composition, docs/CUDA.md).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -13,12 +13,13 @@
 
 namespace microllm::cuda_kernels::paged {
 
-// The first of this CTA's o_cols output columns; past hidden for the last CTAs where the columns do not divide.
-__device__ __forceinline__ int projected_col0(int q_heads, int o_cols) {
-  return (static_cast<int>(blockIdx.y) * q_heads + static_cast<int>(blockIdx.x) % q_heads) * o_cols;
+// The first of this CTA's o_cols output columns, for clusters of cluster_ctas CTAs (grid x: token x rank, grid y:
+// replica); past hidden for the last CTAs where the columns do not divide.
+__device__ __forceinline__ int projected_col0(int cluster_ctas, int o_cols) {
+  return (static_cast<int>(blockIdx.y) * cluster_ctas + static_cast<int>(blockIdx.x) % cluster_ctas) * o_cols;
 }
-__device__ __forceinline__ int projected_cols(int q_heads, int o_cols, int hidden) {
-  return max(0, min(o_cols, hidden - projected_col0(q_heads, o_cols)));
+__device__ __forceinline__ int projected_cols(int cluster_ctas, int o_cols, int hidden) {
+  return max(0, min(o_cols, hidden - projected_col0(cluster_ctas, o_cols)));
 }
 
 // The thread-block cluster's barrier in its two halves (sm_90): arrive publishes the thread's shared-memory writes
@@ -106,17 +107,14 @@ __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols,
   }
 }
 
-// Past one split (a long context) the projection follows the combine instead: clusters of a token's query heads,
-// CTA rank h merging head h's splits into `head` [dim] (combine_row: the combine kernel's arithmetic and rounding
-// when kThreads is its block size), then the exchange and the CTA's columns as above. kRowsStaged: rows w are in
-// shared memory (w_stride = o_in), copied with cp.async before the kernel's wait, each thread waiting for its own
-// copies here; else streamed through L2 (a fill started before the wait). w_scratch: the merge's [used] weights and
-// 32 floats of reduction scratch.
+// Once every CTA of the cluster with a query head (rank h: head h) has its head's output in `head` [dim]: the
+// exchange of the heads into x [o_in] and the CTA's share of the columns (project_rows), the addend added before
+// the one rounding. kRowsStaged: rows w are in shared memory (w_stride = o_in), copied with cp.async before the
+// kernel's wait, each thread waiting for its own copies here; else streamed through L2 (a fill started before the
+// wait). Every thread of every CTA of the cluster calls it.
 template <int kThreads, bool kRowsStaged, typename T>
-__device__ void combine_and_project(const float* m, const float* l, const float* part_o, int used, int dim,
-                                    float* w_scratch, int n_split, T* head, T* x, int o_in, const T* w,
-                                    int64_t w_stride, int cols, float first_addend, T* out) {
-  decode_phases::combine_row(m, l, part_o, used, dim, w_scratch, w_scratch + n_split, head);  // ends with a barrier
+__device__ void exchange_and_project(const T* head, T* x, int o_in, int dim, const T* w, int64_t w_stride, int cols,
+                                     float first_addend, T* out) {
   cluster_arrive();
   cluster_wait();  // every CTA of the token has its head
   gather_heads<kThreads>(head, x, o_in, dim);
@@ -128,6 +126,18 @@ __device__ void combine_and_project(const float* m, const float* l, const float*
   else
     project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
   cluster_wait();  // no CTA leaves while another may still read its shared memory
+}
+
+// Past one split (a long context) the projection follows the combine instead: clusters of a token's query heads,
+// CTA rank h merging head h's splits into `head` [dim] (combine_row: the combine kernel's arithmetic and rounding
+// when kThreads is its block size), then exchange_and_project. w_scratch: the merge's [used] weights and 32 floats
+// of reduction scratch.
+template <int kThreads, bool kRowsStaged, typename T>
+__device__ void combine_and_project(const float* m, const float* l, const float* part_o, int used, int dim,
+                                    float* w_scratch, int n_split, T* head, T* x, int o_in, const T* w,
+                                    int64_t w_stride, int cols, float first_addend, T* out) {
+  decode_phases::combine_row(m, l, part_o, used, dim, w_scratch, w_scratch + n_split, head);  // ends with a barrier
+  exchange_and_project<kThreads, kRowsStaged>(head, x, o_in, dim, w, w_stride, cols, first_addend, out);
 }
 
 }  // namespace microllm::cuda_kernels::paged
