@@ -16,8 +16,9 @@
 #   train-throughput benchmarks/train_vs_torch.py (Qwen2.5-0.5B config, B8 T1024, bf16 mixed) vs PyTorch
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
-#   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64 workload) on Qwen2.5-0.5B and R1-1.5B with
-#                    every decode switch on, then MICROLLM_PDL=0, MICROLLM_GEMV=0, MICROLLM_ATTENTION_O=0 (and DECODE_AB_EXTRA's
+#   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64, 1024:2:64 and 1024:1:64 workloads) on Qwen2.5-0.5B
+#                    and R1-1.5B with every decode switch on, then MICROLLM_PDL=0, MICROLLM_GEMV=0,
+#                    MICROLLM_ATTENTION_O=0, MICROLLM_ATTENTION_CLUSTER=0 (and DECODE_AB_EXTRA's
 #                    VAR=value switches); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
@@ -214,11 +215,13 @@ step_rms_sweep() {
 step_decode_ab() {
   local config switch
   for config in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0 MICROLLM_ATTENTION_O=0 ${DECODE_AB_EXTRA:-}; do
+    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0 MICROLLM_ATTENTION_O=0 MICROLLM_ATTENTION_CLUSTER=0 \
+      ${DECODE_AB_EXTRA:-}; do
       echo "== $config, $switch"
       env $([ $switch = none ] || echo $switch) timeout 200 "$bin/microllm" bench \
-        --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -r 2 -p 0 -b 1,8 2>&1 |
-        tee "$RES/logs/decode_ab_${config}_${switch}.log" | grep -E "tg128|pp2048"
+        --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -r 2 -p 0 -b 1,8 \
+        --workload 2048:2:64,1024:2:64,1024:1:64 2>&1 |
+        tee "$RES/logs/decode_ab_${config}_${switch}.log" | grep -E "tg128|pp[0-9]+\+tg"
     done
   done
   "$bin/cuda_ops_bench" --filter decode_ --reps 20 > "$RES/decode_ops.jsonl" 2>&1
