@@ -125,23 +125,15 @@ TEST_P(ActivationTest, SwigluGradientsMatchFiniteDifferences) {
 
 TEST_P(ActivationTest, ContractErrorsNameTheOp) {
   const Tensor a = random_tensor({2, 3}, DType::f32, device());
-  auto expect_error = [](const std::function<void()>& call, const std::string& op) {
-    try {
-      call();
-      ADD_FAILURE() << op << " did not throw";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("[" + op + "]"), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { swiglu(a, random_tensor({3, 2}, DType::f32, device())); }, "swiglu");
-  expect_error([&] { swiglu(a, random_tensor({3}, DType::f32, device())); }, "swiglu");  // no broadcasting
-  expect_error([&] { swiglu(a, a.to(DType::f16)); }, "swiglu");
-  expect_error([&] { swiglu(a.to(DType::i32), a.to(DType::i32)); }, "swiglu");
-  expect_error([&] { swiglu(Tensor(), a); }, "swiglu");
-  expect_error([&] { swiglu(a, Tensor()); }, "swiglu");
-  expect_error([&] { swiglu_backward(a, a, a.t()); }, "swiglu_backward");
-  expect_error([&] { swiglu_backward(a, a, a.to(DType::f64)); }, "swiglu_backward");
-  expect_error([&] { swiglu_backward(a, a.view({3, 2}), a); }, "swiglu_backward");
+  testing::expect_op_error([&] { swiglu(a, random_tensor({3, 2}, DType::f32, device())); }, "swiglu");
+  testing::expect_op_error([&] { swiglu(a, random_tensor({3}, DType::f32, device())); }, "swiglu");  // no broadcasting
+  testing::expect_op_error([&] { swiglu(a, a.to(DType::f16)); }, "swiglu");
+  testing::expect_op_error([&] { swiglu(a.to(DType::i32), a.to(DType::i32)); }, "swiglu");
+  testing::expect_op_error([&] { swiglu(Tensor(), a); }, "swiglu");
+  testing::expect_op_error([&] { swiglu(a, Tensor()); }, "swiglu");
+  testing::expect_op_error([&] { swiglu_backward(a, a, a.t()); }, "swiglu_backward");
+  testing::expect_op_error([&] { swiglu_backward(a, a, a.to(DType::f64)); }, "swiglu_backward");
+  testing::expect_op_error([&] { swiglu_backward(a, a.view({3, 2}), a); }, "swiglu_backward");
   EXPECT_THROW(swiglu(a, random_tensor({3, 2}, DType::f32, device())), ShapeError);
   EXPECT_THROW(swiglu(a, a.to(DType::bf16)), DTypeError);
   EXPECT_THROW(swiglu(a.to(DType::f8_e4m3fn), a.to(DType::f8_e4m3fn)), DTypeError);

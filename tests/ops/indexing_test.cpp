@@ -18,6 +18,7 @@
 namespace microllm {
 namespace {
 
+using testing::expect_op_error;
 using testing::host_values;
 using testing::random_tensor;
 using testing::tolerance;
@@ -25,22 +26,6 @@ using testing::tolerance;
 class IndexingTest : public testing::DeviceTest {};
 
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-
-// Expects `call` to throw ErrorType with `[op]` and every part in its message.
-template <typename ErrorType>
-void expect_error(const std::function<void()>& call, const std::string& op,
-                  const std::vector<std::string>& parts = {}) {
-  try {
-    call();
-    ADD_FAILURE() << op << " did not throw";
-  } catch (const ErrorType& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("[" + op + "]"), std::string::npos) << message;
-    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << op << " threw the wrong error type: " << e.what();
-  }
-}
 
 // Bad indices: the CPU names the op, the position and the range at once; CUDA kernels report the op
 // and the bad value at the next synchronization.
@@ -103,11 +88,11 @@ TEST_P(IndexingTest, EmbeddingRejectsBadIdsNamingThePosition) {
         device(), [&] { embedding(weight, ids_tensor({-1}, {1}, id_dtype, device())); }, "embedding",
         {"position 0"}, "-1");
   }
-  expect_error<DTypeError>([&] { embedding(weight, Tensor::zeros({2}, DType::f32, device())); }, "embedding");
-  expect_error<DTypeError>([&] { embedding(weight, Tensor::zeros({2}, DType::u8, device())); }, "embedding");
-  expect_error<ShapeError>([&] { embedding(weight.select(0, 0), ids_tensor({0}, {1}, DType::i64, device())); },
-                           "embedding");
-  expect_error<ValueError>([&] { embedding(Tensor(), ids_tensor({0}, {1}, DType::i64, device())); }, "embedding");
+  expect_op_error<DTypeError>([&] { embedding(weight, Tensor::zeros({2}, DType::f32, device())); }, "embedding");
+  expect_op_error<DTypeError>([&] { embedding(weight, Tensor::zeros({2}, DType::u8, device())); }, "embedding");
+  expect_op_error<ShapeError>([&] { embedding(weight.select(0, 0), ids_tensor({0}, {1}, DType::i64, device())); },
+                              "embedding");
+  expect_op_error<ValueError>([&] { embedding(Tensor(), ids_tensor({0}, {1}, DType::i64, device())); }, "embedding");
 }
 
 TEST_P(IndexingTest, EmbeddingBackwardSumsRepeatedIds) {
@@ -146,9 +131,9 @@ TEST_P(IndexingTest, EmbeddingBackwardSumsRepeatedIds) {
   // Errors.
   expect_index_error(device(), [&] { embedding_backward(g, ids, 2); }, device().is_cpu() ? "embedding_backward" : "embedding",
                      {"position 0"}, "2");
-  expect_error<ShapeError>([&] { embedding_backward(g.view({2, 2, 300}), ids, 3); }, "embedding_backward");
-  expect_error<ShapeError>([&] { embedding_backward(g.narrow(0, 0, 3), ids, 3); }, "embedding_backward");
-  expect_error<DTypeError>(
+  expect_op_error<ShapeError>([&] { embedding_backward(g.view({2, 2, 300}), ids, 3); }, "embedding_backward");
+  expect_op_error<ShapeError>([&] { embedding_backward(g.narrow(0, 0, 3), ids, 3); }, "embedding_backward");
+  expect_op_error<DTypeError>(
       [&] {
         embedding_backward(Tensor::zeros({4, 3}, DType::i32, device()), ids, 3);
       },
@@ -200,16 +185,16 @@ TEST_P(IndexingTest, ConcatJoinsAlongAnyDim) {
 
 TEST_P(IndexingTest, ConcatContractErrors) {
   const Tensor a = random_tensor({2, 3}, DType::f32, device());
-  expect_error<ValueError>([&] { concat({}, 0); }, "concat");
-  expect_error<DTypeError>([&] { concat({a, a.to(DType::f16)}, 0); }, "concat", {"tensor 1", "f16"});
-  expect_error<ShapeError>(
+  expect_op_error<ValueError>([&] { concat({}, 0); }, "concat");
+  expect_op_error<DTypeError>([&] { concat({a, a.to(DType::f16)}, 0); }, "concat", {"tensor 1", "f16"});
+  expect_op_error<ShapeError>(
       [&] {
         concat({a, random_tensor({2, 4}, DType::f32, device())}, 0);
       },
       "concat", {"tensor 1", "[2, 4]", "[2, 3]"});
-  expect_error<ShapeError>([&] { concat({a, random_tensor({6}, DType::f32, device())}, 0); }, "concat");
-  expect_error<IndexError>([&] { concat({a, a}, 2); }, "concat");
-  expect_error<ValueError>([&] { concat({a, Tensor()}, 0); }, "concat");
+  expect_op_error<ShapeError>([&] { concat({a, random_tensor({6}, DType::f32, device())}, 0); }, "concat");
+  expect_op_error<IndexError>([&] { concat({a, a}, 2); }, "concat");
+  expect_op_error<ValueError>([&] { concat({a, Tensor()}, 0); }, "concat");
 }
 
 TEST_P(IndexingTest, SplitGivesViewsOfTheRightPieces) {
@@ -225,9 +210,9 @@ TEST_P(IndexingTest, SplitGivesViewsOfTheRightPieces) {
   }
   EXPECT_EQ(pieces[2].shape(), (Shape{3, 5}));
   EXPECT_EQ(host_values(concat(pieces, 1)), host_values(x));
-  expect_error<ShapeError>([&] { split(x, {4, 5}, 1); }, "split", {"9", "10"});
-  expect_error<ValueError>([&] { split(x, {-1, 11}, 1); }, "split");
-  expect_error<IndexError>([&] { split(x, {3}, 2); }, "split");
+  expect_op_error<ShapeError>([&] { split(x, {4, 5}, 1); }, "split", {"9", "10"});
+  expect_op_error<ValueError>([&] { split(x, {-1, 11}, 1); }, "split");
+  expect_op_error<IndexError>([&] { split(x, {3}, 2); }, "split");
 }
 
 TEST_P(IndexingTest, ConcatAndSplitGradientsMatchFiniteDifferences) {
@@ -314,9 +299,9 @@ TEST_P(IndexingTest, TopkTiesNaNAndEdges) {
   EXPECT_EQ(topk(ties, 0).values.shape(), (Shape{2, 0}));
   EXPECT_EQ(topk(Tensor::zeros({0, 5}, DType::f32, device()), 2).values.shape(), (Shape{0, 2}));
   EXPECT_EQ(topk(Tensor::zeros({3, 0}, DType::f32, device()), 0).indices.shape(), (Shape{3, 0}));
-  expect_error<ValueError>([&] { topk(ties, 7); }, "topk", {"k = 7"});
-  expect_error<ValueError>([&] { topk(ties, -1); }, "topk");
-  expect_error<ShapeError>([&] { topk(Tensor::scalar(1, DType::f32, device()), 1); }, "topk");
+  expect_op_error<ValueError>([&] { topk(ties, 7); }, "topk", {"k = 7"});
+  expect_op_error<ValueError>([&] { topk(ties, -1); }, "topk");
+  expect_op_error<ShapeError>([&] { topk(Tensor::scalar(1, DType::f32, device()), 1); }, "topk");
 }
 
 TEST_P(IndexingTest, TopkOnManyStridedRowsWithThreads) {
@@ -388,12 +373,12 @@ TEST_P(IndexingTest, ScatterAddContractErrors) {
   expect_index_error(
       device(), [&] { scatter_add(x, 0, ids_tensor({0, 1, 2, 3, 0, 0, 0, 0}, {2, 4}, DType::i64, device()), src); },
       "scatter_add", {"position 3", "[0, 3)"}, "3");
-  expect_error<DTypeError>([&] { scatter_add(x, 0, index.to(DType::i32), src); }, "scatter_add");
-  expect_error<DTypeError>([&] { scatter_add(x, 0, index, src.to(DType::f64)); }, "scatter_add");
-  expect_error<ShapeError>([&] { scatter_add(x, 0, index.narrow(1, 0, 3), src); }, "scatter_add");
-  expect_error<ShapeError>([&] { scatter_add(x, 1, index, src); }, "scatter_add");
-  expect_error<ShapeError>([&] { scatter_add(x, 0, index.view({8}), src.view({8})); }, "scatter_add");
-  expect_error<IndexError>([&] { scatter_add(x, 2, index, src); }, "scatter_add");
+  expect_op_error<DTypeError>([&] { scatter_add(x, 0, index.to(DType::i32), src); }, "scatter_add");
+  expect_op_error<DTypeError>([&] { scatter_add(x, 0, index, src.to(DType::f64)); }, "scatter_add");
+  expect_op_error<ShapeError>([&] { scatter_add(x, 0, index.narrow(1, 0, 3), src); }, "scatter_add");
+  expect_op_error<ShapeError>([&] { scatter_add(x, 1, index, src); }, "scatter_add");
+  expect_op_error<ShapeError>([&] { scatter_add(x, 0, index.view({8}), src.view({8})); }, "scatter_add");
+  expect_op_error<IndexError>([&] { scatter_add(x, 2, index, src); }, "scatter_add");
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, IndexingTest, ::testing::ValuesIn(testing::test_devices()),

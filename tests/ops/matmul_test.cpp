@@ -14,6 +14,7 @@
 namespace microllm {
 namespace {
 
+using testing::expect_op_error;
 using testing::host_values;
 using testing::random_tensor;
 using testing::tolerance;
@@ -21,21 +22,6 @@ using testing::tolerance;
 class MatmulTest : public testing::DeviceTest {};
 
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-
-template <typename ErrorType>
-void expect_error(const std::function<void()>& call, const std::string& op,
-                  const std::vector<std::string>& parts = {}) {
-  try {
-    call();
-    ADD_FAILURE() << op << " did not throw";
-  } catch (const ErrorType& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("[" + op + "]"), std::string::npos) << message;
-    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << op << " threw the wrong error type: " << e.what();
-  }
-}
 
 // op(a) @ op(b) with f64 loops over the row-major values of rank-2 operands.
 std::vector<double> reference_matmul_2d(const std::vector<double>& a, int64_t a_rows, int64_t a_cols,
@@ -222,22 +208,22 @@ TEST_P(MatmulTest, EmptyDims) {
 
 TEST_P(MatmulTest, ContractErrorsNameTheOp) {
   const Tensor a = random_tensor({2, 3}, DType::f32, device());
-  expect_error<ShapeError>(
+  expect_op_error<ShapeError>(
       [&] {
         matmul(a, random_tensor({4, 5}, DType::f32, device()));
       },
       "matmul", {"inner dims", "[2, 3]", "[4, 5]"});
-  expect_error<ShapeError>([&] { matmul(a, a, false, false); }, "matmul");
-  expect_error<ShapeError>([&] { matmul(a, random_tensor({3}, DType::f32, device())); }, "matmul", {"rank"});
-  expect_error<ShapeError>(
+  expect_op_error<ShapeError>([&] { matmul(a, a, false, false); }, "matmul");
+  expect_op_error<ShapeError>([&] { matmul(a, random_tensor({3}, DType::f32, device())); }, "matmul", {"rank"});
+  expect_op_error<ShapeError>(
       [&] {
         matmul(random_tensor({2, 2, 3}, DType::f32, device()), random_tensor({3, 3, 4}, DType::f32, device()));
       },
       "matmul", {"broadcast"});
-  expect_error<DTypeError>([&] { matmul(a, random_tensor({3, 2}, DType::f64, device())); }, "matmul");
-  expect_error<DTypeError>([&] { matmul(a.to(DType::i32), a.to(DType::i32), false, true); }, "matmul");
-  expect_error<DTypeError>([&] { matmul(a.to(DType::f8_e4m3fn), a.to(DType::f8_e4m3fn), false, true); }, "matmul");
-  expect_error<ValueError>([&] { matmul(Tensor(), a); }, "matmul");
+  expect_op_error<DTypeError>([&] { matmul(a, random_tensor({3, 2}, DType::f64, device())); }, "matmul");
+  expect_op_error<DTypeError>([&] { matmul(a.to(DType::i32), a.to(DType::i32), false, true); }, "matmul");
+  expect_op_error<DTypeError>([&] { matmul(a.to(DType::f8_e4m3fn), a.to(DType::f8_e4m3fn), false, true); }, "matmul");
+  expect_op_error<ValueError>([&] { matmul(Tensor(), a); }, "matmul");
   EXPECT_NO_THROW(matmul(a, a, false, true));
   EXPECT_NO_THROW(matmul(a, a, true, false));
 }
@@ -361,12 +347,12 @@ TEST_P(MatmulTest, LinearAddMatchesReference) {
   }
   const Tensor x = random_tensor({2, 7}, DType::f32, device());
   const Tensor w = random_tensor({5, 7}, DType::f32, device());
-  expect_error<ShapeError>(
+  expect_op_error<ShapeError>(
       [&] {
         linear_add(x, w, Tensor(), random_tensor({2, 4}, DType::f32, device()));
       },
       "linear", {"addend", "[2, 4]", "[2, 5]"});
-  expect_error<DTypeError>(
+  expect_op_error<DTypeError>(
       [&] {
         linear_add(x, w, Tensor(), random_tensor({2, 5}, DType::f64, device()));
       },
@@ -396,15 +382,15 @@ TEST_P(MatmulTest, LinearWithZeroFeatures) {
 TEST_P(MatmulTest, LinearContractErrors) {
   const Tensor x = random_tensor({2, 7}, DType::f32, device());
   const Tensor w = random_tensor({5, 7}, DType::f32, device());
-  expect_error<ShapeError>(
+  expect_op_error<ShapeError>(
       [&] {
         linear(x, random_tensor({5, 6}, DType::f32, device()));
       },
       "linear", {"[5, 6]", "[2, 7]"});
-  expect_error<ShapeError>([&] { linear(x, w.view({35})); }, "linear");
-  expect_error<ShapeError>([&] { linear(x, w, random_tensor({4}, DType::f32, device())); }, "linear", {"bias"});
-  expect_error<ShapeError>([&] { linear(x, w, random_tensor({1, 5}, DType::f32, device())); }, "linear", {"bias"});
-  expect_error<DTypeError>([&] { linear(x.to(DType::i64), w); }, "linear");
+  expect_op_error<ShapeError>([&] { linear(x, w.view({35})); }, "linear");
+  expect_op_error<ShapeError>([&] { linear(x, w, random_tensor({4}, DType::f32, device())); }, "linear", {"bias"});
+  expect_op_error<ShapeError>([&] { linear(x, w, random_tensor({1, 5}, DType::f32, device())); }, "linear", {"bias"});
+  expect_op_error<DTypeError>([&] { linear(x.to(DType::i64), w); }, "linear");
 }
 
 TEST_P(MatmulTest, LinearGradientsMatchFiniteDifferences) {

@@ -265,21 +265,13 @@ TEST_P(ReduceTest, EmptyDims) {
 
 TEST_P(ReduceTest, ContractErrorsNameTheOp) {
   const Tensor x = random_tensor({2, 3}, DType::f32, device());
-  auto expect_error = [](const std::function<void()>& call, const std::string& op) {
-    try {
-      call();
-      ADD_FAILURE() << op << " did not throw";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("[" + op + "]"), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { sum(x, {2}); }, "sum");
-  expect_error([&] { mean(x, {-3}); }, "mean");
-  expect_error([&] { max(x, 5); }, "max");
-  expect_error([&] { argmax(x, 2); }, "argmax");
-  expect_error([&] { sum(Tensor()); }, "sum");
-  expect_error([&] { mean(Tensor::zeros({2}, DType::i32, device())); }, "mean");
-  expect_error([&] { sum(Tensor::zeros({2}, DType::f8_e4m3fn, device())); }, "sum");
+  testing::expect_op_error([&] { sum(x, {2}); }, "sum");
+  testing::expect_op_error([&] { mean(x, {-3}); }, "mean");
+  testing::expect_op_error([&] { max(x, 5); }, "max");
+  testing::expect_op_error([&] { argmax(x, 2); }, "argmax");
+  testing::expect_op_error([&] { sum(Tensor()); }, "sum");
+  testing::expect_op_error([&] { mean(Tensor::zeros({2}, DType::i32, device())); }, "mean");
+  testing::expect_op_error([&] { sum(Tensor::zeros({2}, DType::f8_e4m3fn, device())); }, "sum");
   EXPECT_THROW(sum(x, {2}), IndexError);
   EXPECT_THROW(mean(Tensor::zeros({2}, DType::i64, device())), DTypeError);
   EXPECT_THROW(sum(Tensor::zeros({2}, DType::f8_e5m2, device())), NotSupportedError);

@@ -78,6 +78,22 @@ std::string message_of(const std::function<void()>& call) {
   return "no error";
 }
 inline std::string error_message(const std::function<void()>& call) { return message_of<Error>(call); }
+// Expects `call` to throw E (a microllm::Error type) whose message names the op as `[op]` and holds every one of
+// `parts`; a call that does not throw, or throws another type, fails the test.
+template <typename E = Error>
+void expect_op_error(const std::function<void()>& call, const std::string& op,
+                     const std::vector<std::string>& parts = {}) {
+  try {
+    call();
+    ADD_FAILURE() << op << " did not throw";
+  } catch (const E& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("[" + op + "]"), std::string::npos) << message;
+    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << op << " threw the wrong error type: " << e.what();
+  }
+}
 
 // Sets a process-wide switch (set_decode_gemv, set_flash_wgmma, set_deterministic_algorithms, ...) for one scope
 // and puts its old value back, also when the test fails or throws.
