@@ -11,24 +11,10 @@
 #include <vector>
 
 #include "microllm/core/error.h"
+#include "test_support.h"
 
 namespace microllm {
 namespace {
-
-// Runs `fn`, expects ErrorType, and returns its message ("" when nothing matching was thrown).
-template <typename ErrorType, typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ErrorType& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a different exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -88,7 +74,9 @@ TEST(Shape, Numel) {
   EXPECT_EQ((Shape{2, 7, 896}).numel(), 2 * 7 * 896);
   EXPECT_EQ((Shape{1 << 20, 1 << 20, 1 << 22}).numel(), int64_t{1} << 62);
   EXPECT_EQ((Shape{std::numeric_limits<int64_t>::max()}).numel(), std::numeric_limits<int64_t>::max());
-  const std::string overflow = error_message<ShapeError>([] { (void)(Shape{1 << 20, 1 << 20, 1 << 23}).numel(); });
+  const std::string overflow = testing::thrown_message<ShapeError>([] {
+    (void)(Shape{1 << 20, 1 << 20, 1 << 23}).numel();
+  });
   EXPECT_TRUE(contains(overflow, "overflows")) << overflow;
   EXPECT_TRUE(contains(overflow, "[1048576, 1048576, 8388608]")) << overflow;
   EXPECT_THROW((void)(Shape{int64_t{1} << 32, int64_t{1} << 32}).numel(), ShapeError);
@@ -112,7 +100,7 @@ TEST(Shape, NormalizeDim) {
   EXPECT_EQ(normalize_dim(-1, 3, "op"), 2);
   EXPECT_EQ(normalize_dim(-3, 3, "op"), 0);
   for (int64_t bad : {int64_t{3}, int64_t{4}, int64_t{-4}, int64_t{-100}, int64_t{1} << 40}) {
-    const std::string message = error_message<IndexError>([&] { normalize_dim(bad, 3, "my_op"); });
+    const std::string message = testing::thrown_message<IndexError>([&] { normalize_dim(bad, 3, "my_op"); });
     EXPECT_TRUE(contains(message, "[my_op]")) << message;
     EXPECT_TRUE(contains(message, std::to_string(bad))) << message;
     EXPECT_TRUE(contains(message, "rank 3")) << message;
@@ -130,7 +118,7 @@ TEST(Shape, BroadcastShapes) {
   EXPECT_EQ(broadcast_shapes({5, 0}, {1, 1}, "op"), (Shape{5, 0}));
   EXPECT_EQ(broadcast_shapes({1, 1, 1}, {7}, "op"), (Shape{1, 1, 7}));
   EXPECT_EQ(broadcast_shapes({2, 3}, {2, 3}, "op"), (Shape{2, 3}));
-  const std::string message = error_message<ShapeError>([] { broadcast_shapes({2, 3}, {4, 3}, "add"); });
+  const std::string message = testing::thrown_message<ShapeError>([] { broadcast_shapes({2, 3}, {4, 3}, "add"); });
   EXPECT_TRUE(contains(message, "[add]")) << message;
   EXPECT_TRUE(contains(message, "[2, 3]")) << message;
   EXPECT_TRUE(contains(message, "[4, 3]")) << message;

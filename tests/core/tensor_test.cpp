@@ -64,20 +64,6 @@ const DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::f64,    
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-template <typename ErrorType, typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ErrorType& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a different exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
 // ---------------------------------------------------------------------------------------------------
 // Copies and conversions
 
@@ -272,7 +258,9 @@ TEST(TensorCopy, FromVectorFromBlobItemToVector) {
   EXPECT_EQ(v.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(v.to_vector<double>(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(v.storage()->owns_memory());  // a copy, not the caller's vector
-  const std::string message = error_message<ShapeError>([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); });
+  const std::string message = testing::thrown_message<ShapeError>([] {
+    Tensor::from_vector<float>({1, 2, 3}, {2, 2});
+  });
   EXPECT_TRUE(contains(message, "[from_vector]")) << message;
   // from_blob borrows: writes on either side show on the other; keep_alive lives as long as the storage.
   auto buffer = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
@@ -297,7 +285,7 @@ TEST(TensorCopy, FromVectorFromBlobItemToVector) {
   EXPECT_EQ(Tensor::scalar(2.5).item<float>(), 2.5f);
   EXPECT_EQ(Tensor::full({1, 1}, 7, DType::i64).item<int64_t>(), 7);
   EXPECT_EQ(Tensor::scalar(2.7).item<int64_t>(), 2);  // converted by the element rules
-  const std::string item_message = error_message<ShapeError>([&] { (void)v.item<int32_t>(); });
+  const std::string item_message = testing::thrown_message<ShapeError>([&] { (void)v.item<int32_t>(); });
   EXPECT_TRUE(contains(item_message, "[item]")) << item_message;
   EXPECT_TRUE(contains(item_message, "[2, 3]")) << item_message;
   EXPECT_THROW((void)Tensor::zeros({0}).item<float>(), ShapeError);
@@ -354,7 +342,7 @@ TEST(TensorFactories, Arange) {
   EXPECT_THROW(Tensor::arange(0, 1, 0), ValueError);
   EXPECT_THROW(Tensor::arange(0, INFINITY, 1), ValueError);
   EXPECT_THROW(Tensor::arange(0, 1, NAN), ValueError);
-  EXPECT_TRUE(contains(error_message<ValueError>([] { Tensor::arange(0, 1, 0); }), "[arange]"));
+  EXPECT_TRUE(contains(testing::thrown_message<ValueError>([] { Tensor::arange(0, 1, 0); }), "[arange]"));
 }
 
 double mean_of(const std::vector<double>& v) {

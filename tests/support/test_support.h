@@ -78,6 +78,20 @@ std::string message_of(const std::function<void()>& call) {
   return "no error";
 }
 inline std::string error_message(const std::function<void()>& call) { return message_of<Error>(call); }
+// The message of the E that `fn` throws; fails the test (and returns "") when it throws nothing or another type.
+template <typename E, typename Fn>
+std::string thrown_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw another exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
 // Expects `call` to throw E (a microllm::Error type) whose message names the op as `[op]` and holds every one of
 // `parts`; a call that does not throw, or throws another type, fails the test.
 template <typename E = Error>

@@ -25,7 +25,7 @@ TEST(ChatTemplate, Qwen25) {
             "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(t.render({{"system", "S"}, {"user", "U"}, {"assistant", "A"}}, {.add_generation_prompt = false}),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
-  EXPECT_THAT(error_message<ValueError>([&] { t.render(std::vector<ChatMessage>{}); }),
+  EXPECT_THAT(testing::thrown_message<ValueError>([&] { t.render(std::vector<ChatMessage>{}); }),
               HasSubstr("qwen2.5: the conversation is empty"));
 }
 
@@ -75,7 +75,7 @@ TEST(ChatTemplate, RecognisesTheFixtureTemplates) {
 }
 
 TEST(ChatTemplate, UnknownTemplatesAreNotSupported) {
-  EXPECT_THAT(error_message<NotSupportedError>(
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>(
                   [] { ChatTemplate::from_source("{% for m in messages %}{{ m.content }}{% endfor %}"); }),
               HasSubstr("[chat_template] unknown chat template"));
   // One fragment changed (the generation prompt no longer opens <think>): no family claims it.

@@ -12,7 +12,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string parse_error_text(const std::string& text) {
-  return error_message<ParseError>([&] { (void)Tokenizer::from_json_text(text, "tok/tokenizer.json"); });
+  return testing::thrown_message<ParseError>([&] { (void)Tokenizer::from_json_text(text, "tok/tokenizer.json"); });
 }
 std::string parse_error(const Json& json) { return parse_error_text(json.dump()); }
 
@@ -96,24 +96,24 @@ TEST(TokenizerErrors, Components) {
 TEST(TokenizerErrors, UnsupportedComponentsSayWhich) {
   Json j = char_level_json({"a"}, {});
   j["model"]["type"] = "WordPiece";
-  EXPECT_THAT(error_message<NotSupportedError>([&] { tokenizer_of(j); }),
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
               HasSubstr("model.type: the model 'WordPiece' is not supported"));
   j = char_level_json({"a"}, {});
   j["normalizer"] = {{"type", "Precompiled"}};
-  EXPECT_THAT(error_message<NotSupportedError>([&] { tokenizer_of(j); }),
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
               HasSubstr("tokenizer.json: normalizer.type: the normalizer 'Precompiled' is not supported"));
   j = char_level_json({"a"}, {});
   j["decoder"] = {{"type", "Metaspace"}};
-  EXPECT_THAT(error_message<NotSupportedError>([&] { tokenizer_of(j); }),
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
               HasSubstr("decoder.type: the decoder 'Metaspace'"));
   j = char_level_json({"a"}, {});
   j["model"]["dropout"] = 0.1;
-  EXPECT_THAT(error_message<NotSupportedError>([&] { tokenizer_of(j); }), HasSubstr("BPE dropout"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }), HasSubstr("BPE dropout"));
 }
 
 TEST(TokenizerErrors, EncodeRejectsInvalidUtf8) {
   const Tokenizer tok = tokenizer_of(byte_level_json({}));
-  EXPECT_THAT(error_message<ValueError>([&] { tok.encode("ab\xFF"); }), HasSubstr("not UTF-8 (byte 2)"));
+  EXPECT_THAT(testing::thrown_message<ValueError>([&] { tok.encode("ab\xFF"); }), HasSubstr("not UTF-8 (byte 2)"));
 }
 
 class TokenizerFiles : public ::testing::Test {
@@ -129,9 +129,9 @@ class TokenizerFiles : public ::testing::Test {
 };
 
 TEST_F(TokenizerFiles, MissingPathsAreIoErrors) {
-  EXPECT_THAT(error_message<IoError>([&] { Tokenizer::load((dir_ / "nope").string()); }),
+  EXPECT_THAT(testing::thrown_message<IoError>([&] { Tokenizer::load((dir_ / "nope").string()); }),
               HasSubstr("nope: no such file or directory"));
-  EXPECT_THAT(error_message<IoError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<IoError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("has no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe"));
 }
 
@@ -147,14 +147,14 @@ TEST_F(TokenizerFiles, VocabAndMergesFiles) {
   EXPECT_EQ(tok.eos_id(), 257);
   EXPECT_EQ(tok.decode(std::vector<int32_t>{256, 257}, true), "he");
   write("merges.txt", "#version: 0.2\nh e\nbad-line\n");
-  EXPECT_THAT(error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("merges.txt:3: 'bad-line' is not two tokens separated by one space"));
   write("merges.txt", "h zz\n");
-  EXPECT_THAT(error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("merges.txt: merge 1 names 'zz', which is not in the vocabulary"));
   write("merges.txt", "h e\n");
   write("vocab.json", "{\"a\": true}");
-  EXPECT_THAT(error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("vocab.json: [\"a\"] is not an integer"));
 }
 
@@ -172,17 +172,17 @@ TEST_F(TokenizerFiles, ModelDirectoryWithConfig) {
   EXPECT_EQ(tok.eos_id(), 257);
   EXPECT_EQ(tok.encode("a", true), (std::vector<int32_t>{256, 'a'}));  // LlamaTokenizerFast's add_bos_token
   EXPECT_EQ(tok.encode("a", false), (std::vector<int32_t>{'a'}));
-  EXPECT_THAT(error_message<NotSupportedError>([&] { tok.chat_template(); }), HasSubstr("no chat template"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tok.chat_template(); }), HasSubstr("no chat template"));
 
   write("tokenizer_config.json", "{\"bos_token\": 3}");
   EXPECT_THAT(
-      error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+      testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
       HasSubstr("tokenizer_config.json: bos_token is not a string or an object with 'content' (it is an integer)"));
   write("tokenizer_config.json", "{\"chat_template\": [");
-  EXPECT_THAT(error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("tokenizer_config.json: malformed JSON"));
   write("tokenizer_config.json", "{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<nope>\"}");
-  EXPECT_THAT(error_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { Tokenizer::load(dir_.string()); }),
               HasSubstr("add_bos_token is on but bos_token is not a token of the vocabulary"));
 }
 

@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "microllm/core/error.h"
 #include "byte_level_tokenizer.h"
+#include "microllm/core/error.h"
 #include "microllm/tokenizer/tokenizer.h"
+#include "test_support.h"
 
 namespace microllm::testing {
 
@@ -60,20 +61,5 @@ inline Json char_level_json(const std::vector<std::string>& vocab_tokens, const 
 }
 
 inline Tokenizer tokenizer_of(const Json& json) { return Tokenizer::from_json_text(json.dump(), "tokenizer.json"); }
-
-// The message of the exception `fn` throws as ErrorType; fails the test if it throws nothing or another type.
-template <typename ErrorType, typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ErrorType& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "threw nothing";
-  return "";
-}
 
 }  // namespace microllm::testing
