@@ -58,14 +58,26 @@ bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, in
          (max_context + 31) / 32 <= kMaxSplits;
 }
 
+// The staged kernels' common shared memory for `chunk` keys a CTA of R rows (paged_kernels.cuh: the staged K/V rows,
+// which the cross-warp sums reuse, then f32 q, scores, m, l, and a flag a key): sets a's chunk, pitch and
+// stage_bytes, returns the bytes.
+template <typename T, int R>
+size_t size_staged(PagedArgs& a, int64_t chunk) {
+  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
+  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
+  a.chunk = static_cast<int>(chunk);
+  a.stage_bytes =
+      static_cast<int>(std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
+  return static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
+}
+
 // The staged kernel's plan for R rows per CTA, from what the host knows only (tokens, heads, max_context): the
 // same grid on every replay. Sets a's row_blocks, pitch, chunk, n_split and stage_bytes; returns the shared
 // memory the kernel needs (without kProject's region).
 template <typename T, int R>
 size_t plan_staged(PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
   a.row_blocks = (a.group + R - 1) / R;
-  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
-  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = 2 * (a.dim + 16 / static_cast<int64_t>(sizeof(T))) * static_cast<int64_t>(sizeof(T));
   const int64_t budget = R == 1 ? kStageBudgetAlone : kStageBudget;
   const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / row_bytes) / 32 * 32);
   const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
@@ -77,12 +89,8 @@ size_t plan_staged(PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
     chunk = (max_context + want_splits - 1) / want_splits;
     chunk = std::clamp<int64_t>((chunk + 31) / 32 * 32, std::min<int64_t>(kMinSplitChunk, cap), cap);
   }
-  const int64_t n_split = (max_context + chunk - 1) / chunk;
-  a.chunk = static_cast<int>(chunk);
-  a.n_split = static_cast<int>(n_split);
-  a.stage_bytes = static_cast<int>(
-      std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
-  return static_cast<size_t>(a.stage_bytes) + (R * (a.dim + chunk) + 2 * R + chunk) * sizeof(float);
+  a.n_split = static_cast<int>((max_context + chunk - 1) / chunk);
+  return size_staged<T, R>(a, chunk);
 }
 
 // Calls f.template operator()<kDim>() with kDim = dim for the head dims the staged kernel is compiled for (its
@@ -331,21 +339,13 @@ bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int
   const int64_t chunk = ((max_context + slices - 1) / slices + 31) / 32 * 32;
   if (chunk > kMaxChunk) return false;
   a.slices = slices;
-  a.row_blocks = 1;
-  a.n_split = 1;
-  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
-  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
-  const int64_t stage_bytes =
-      (std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
-  const int64_t floats = 2 * R * a.dim + R * chunk + 2 * R + chunk;  // sq, po, sc, m, l; bad
-  const int64_t proj_offset = (stage_bytes + floats * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
+  const size_t regions_bytes = size_staged<T, R>(a, chunk) + R * a.dim * sizeof(float);  // and o's sums, po
+  const int64_t proj_offset = static_cast<int64_t>(regions_bytes + 15) / 16 * 16;
   const int64_t heads_bytes = static_cast<int64_t>(a.dim + a.o_in) * static_cast<int64_t>(sizeof(T));
   const int64_t room = max_shared_memory_optin(device) - proj_offset - heads_bytes;
   if (room < 0) return false;
   const int64_t staged = plan_projection(a, tokens, sizeof(T), sms / 2, ctas, std::min(room, kMaxStagedProjection));
   if (staged < 0 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane a row
-  a.chunk = static_cast<int>(chunk);
-  a.stage_bytes = static_cast<int>(stage_bytes);
   a.proj_offset = static_cast<int>(proj_offset);
   const size_t smem = static_cast<size_t>(proj_offset + heads_bytes + staged);
   void (*kernel)(PagedArgs, RopeFreq) = nullptr;

@@ -249,12 +249,17 @@ __device__ __forceinline__ void take_new_key_value(const PagedArgs& a, const Rop
   if (tid == 0) bad[jj] = 0;
 }
 
-// Phase 1 over nk staged keys (sk [nk][pitch]) for the R query rows in sq (nr of them real), after the barrier that
-// publishes the staged rows: sc [R][chunk] = the scaled scores, a thread per key, -inf for a bad key or a row past
-// nr. Ends with a barrier.
+// Phases 1-3 over nk staged keys (sk, sv [nk][pitch]) for the R query rows in sq (nr of them real), after the
+// barrier that publishes the staged rows: scores (a thread per key), each row's max m and sum l of exp(s - m)
+// (sm, sl [R]; a warp per row), and o = sum p v (a thread per 8-dim slice and key slice, the warp's key slices
+// summed with shuffles). Leaves o's per-warp sums in red [warps][R][D] (which aliases the staged rows: they are
+// dead by then), so o_r[d] = sum over w of red[(w * R + r) * D + d], published by a final barrier.
 template <typename T, int R>
-__device__ __forceinline__ void score_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
-                                                  const T* sk, const float* sq, float* sc, const int* bad) {
+__device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
+                                                   const T* sk, const T* sv, const float* sq, float* sc, float* sm,
+                                                   float* sl, const int* bad, float* red) {
+  // (threadIdx.x unsigned: the lane and warp arithmetic below compiles to masks and shifts)
+  // ---- phase 1: scores, one key per thread, all rows at once ----
   for (int jj = threadIdx.x; jj < nk; jj += kStagedThreads) {
     float acc[R];
     decode_phases::dot_rows<R>(sk + jj * pitch, sq, D, acc);
@@ -263,15 +268,19 @@ __device__ __forceinline__ void score_staged_keys(const PagedArgs& a, int D, int
     for (int r = 0; r < R; ++r) sc[r * chunk + jj] = valid && r < nr ? acc[r] * a.scale : -INFINITY;
   }
   __syncthreads();
-}
 
-// Phase 3 over nk staged keys: acc += sum_j p_j v_j for this thread's share, lane = (key slice in the warp, 8-dim
-// slice): dims [lane % (D / 8) * 8, +8) of keys lane / (D / 8) + warp * (32 / (D / 8)) + i * 32 / (D / 8) * warps.
-template <typename T, int R>
-__device__ __forceinline__ void accumulate_staged_values(int D, int chunk, int pitch, int nk, const T* sv,
-                                                         const float* sc, float (&acc)[R][8]) {
+  // ---- phase 2: chunk max and sum per row; scores become p = exp(s - m) (0 for bad keys) ----
+  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
+  __syncthreads();
+
+  // ---- phase 3: o = sum_j p_j v_j: lane = (key slice in the warp, 8-dim slice); slices summed by shuffles ----
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dims8 = D / 8;
   const int per_warp = 32 / dims8, dc = lane % dims8, kq = lane / dims8;
+  float acc[R][8];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
   for (int jj = warp * per_warp + kq; jj < nk; jj += kStagedWarps * per_warp) {
     float vx[8];
     load8(sv + jj * pitch + dc * 8, vx);
@@ -282,14 +291,6 @@ __device__ __forceinline__ void accumulate_staged_values(int D, int chunk, int p
       for (int e = 0; e < 8; ++e) acc[r][e] += p * vx[e];
     }
   }
-}
-
-// The end of phase 3: the warp's key slices summed with shuffles, then o's per-warp sums into red [warps][R][D]
-// (which aliases the staged rows: they must be dead), so o_r[d] = sum over w of red[(w * R + r) * D + d],
-// published by a final barrier.
-template <int R>
-__device__ __forceinline__ void reduce_staged_values(int D, float (&acc)[R][8], float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dims8 = D / 8;
   for (int offset = dims8; offset < 32; offset <<= 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -304,24 +305,6 @@ __device__ __forceinline__ void reduce_staged_values(int D, float (&acc)[R][8], 
       for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + (lane % dims8) * 8 + e] = acc[r][e];
   }
   __syncthreads();
-}
-
-// Phases 1-3 over nk staged keys in one pass: scores, each row's max m and sum l of exp(s - m) (sm, sl [R]; a warp
-// per row), o = sum p v, leaving o's per-warp sums in red (reduce_staged_values).
-template <typename T, int R>
-__device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
-                                                   const T* sk, const T* sv, const float* sq, float* sc, float* sm,
-                                                   float* sl, const int* bad, float* red) {
-  score_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sq, sc, bad);
-  decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
-  __syncthreads();
-  float acc[R][8];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
-  accumulate_staged_values<T, R>(D, chunk, pitch, nk, sv, sc, acc);
-  reduce_staged_values<R>(D, acc, red);
 }
 
 // kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; paged_projection.cuh): each
