@@ -1,11 +1,11 @@
-// The flash attention forward's Hopper kernel (wgmma, src/backend/cuda/attention_flash_fwd_sm90.cu) against
+// The flash attention forward's Hopper kernel (TMA + wgmma, src/backend/cuda/attention_flash_fwd_sm90.cu) against
 // the kernel before it (mma.sync, attention_flash_fwd.cu: set_flash_wgmma(false)) and the CPU reference, on
 // fresh random inputs with NaN-poisoned outputs and a guard band after them: causal and not, a query offset
 // (a prefill chunk after cached keys), grouped heads, lengths that are not a multiple of any tile, blocks
-// whose keys split over several CTAs, and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128);
-// each kernel writes both a contiguous output and a token-major view (what ops::attention hands it), bit for bit
-// the same.
-// Skips without a GPU, and where the Hopper kernel does not run (not an sm_90 GPU, or no sm_90a code).
+// whose keys split over several CTAs, q, k and v as heads of one fused projection's rows, and the prefills of
+// Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128); each kernel writes both a contiguous output and a token-major view
+// (what ops::attention hands it), bit for bit the same. Skips without a GPU, and where the Hopper kernel does not run
+// (not an sm_90 GPU, or no sm_90a code).
 #include <gtest/gtest.h>
 
 #ifdef MICROLLM_WITH_CUDA
@@ -54,7 +54,8 @@ struct Case {
   const char* name;
   int64_t batch, t, s, q_heads, kv_heads, d;
   AttentionParams params;
-  bool cpu_reference;  // small enough for the CPU reference in a test
+  bool cpu_reference;      // small enough for the CPU reference in a test
+  bool fused_qkv = false;  // q, k and v are heads of one [B, L, Hq + 2 Hkv, D] buffer (a fused projection's)
 };
 
 AttentionParams causal_at(int64_t q_offset) {
@@ -93,14 +94,25 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
       {"d64 batch 8, odd length", 8, 777, 777, 4, 2, 64, AttentionParams{}, false},
       {"Qwen2.5-0.5B prefill", 1, 2048, 2048, 14, 2, 64, AttentionParams{}, false},
       {"R1-Distill-1.5B prefill", 1, 2048, 2048, 12, 2, 128, AttentionParams{}, false},
+      {"d128 heads of one fused qkv buffer", 1, 300, 300, 12, 2, 128, AttentionParams{}, true, true},
+      {"d64 heads of one fused qkv buffer, batch 2", 2, 257, 257, 14, 2, 64, AttentionParams{}, true, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    // [B, H, L, D] views of [B, L, H, D] tensors: the model's layout.
-    const Tensor q_cpu = random_tensor({c.batch, c.t, c.q_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
-    const Tensor k_cpu = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
-    const Tensor v_cpu = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).transpose(1, 2);
-    const Tensor q = q_cpu.to(kGpu), k = k_cpu.to(kGpu), v = v_cpu.to(kGpu);
+    // [B, H, L, D] views of [B, L, H, D] tensors on the GPU, the model's layout: the heads of one fused
+    // projection's rows, or of three tensors (Tensor::to packs a view, so the views are taken after the move).
+    Tensor q, k, v;
+    if (c.fused_qkv) {
+      const Tensor qkv =
+          random_tensor({c.batch, c.t, c.q_heads + 2 * c.kv_heads, c.d}, dtype(), Device::cpu()).to(kGpu);
+      q = qkv.narrow(2, 0, c.q_heads).transpose(1, 2);
+      k = qkv.narrow(2, c.q_heads, c.kv_heads).transpose(1, 2);
+      v = qkv.narrow(2, c.q_heads + c.kv_heads, c.kv_heads).transpose(1, 2);
+    } else {
+      q = random_tensor({c.batch, c.t, c.q_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
+      k = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
+      v = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
+    }
     const Shape out_shape{c.batch, c.q_heads, c.t, c.d}, lse_shape{c.batch, c.q_heads, c.t};
     auto run = [&](bool wgmma) {
       const WgmmaSetting setting(wgmma);
@@ -126,7 +138,7 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
     MICROLLM_EXPECT_CLOSE(hopper.out, mma.out, testing::tolerance(dtype()));
     MICROLLM_EXPECT_CLOSE(hopper.lse, mma.lse, 1e-5);
     if (c.cpu_reference) {
-      const AttentionResult ref = attention(q_cpu, k_cpu, v_cpu, c.params);
+      const AttentionResult ref = attention(q.to(Device::cpu()), k.to(Device::cpu()), v.to(Device::cpu()), c.params);
       MICROLLM_EXPECT_CLOSE(hopper.out, ref.out, testing::tolerance(dtype()));
       MICROLLM_EXPECT_CLOSE(hopper.lse, ref.lse, 1e-5);
     }

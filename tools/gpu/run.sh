@@ -8,6 +8,8 @@
 #   sanitize         compute-sanitizer memcheck + racecheck (SANITIZE_TOOLS) on the CUDA op suite (SANITIZE_FILTER: a gtest
 #                    filter), memcheck on the runtime and the engine, then sanitize-decode
 #   sanitize-decode  racecheck + synccheck on the decode GEMV's and the paged decode attention's tests
+#   sanitize-flash   memcheck + racecheck + synccheck on the Hopper flash attention forward's test (its TMA ring,
+#                    mbarriers and the consumers' named barriers), bf16
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
 #   oracle           tokenizer, training and model golden files (tests/fixtures/...); or one of
 #                    oracle-tokenizer (ORACLE_TOKENIZERS=gpt2,...: a subset), oracle-train, oracle-models
@@ -109,6 +111,14 @@ step_sanitize_decode() {
   tests+=':Dtypes/PagedAttentionCudaTest.DecodeAttentionMatchesTheCpu/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.QwenAndR1DecodeShapes/cuda_bf16'
   for tool in racecheck synccheck; do sanitize_run "decode_$tool" "$tool" ops_tests "$tests" 200; done
+}
+
+# The Hopper flash forward (attention_flash_fwd_sm90.cu): a producer warpgroup, mbarriers and named barriers.
+step_sanitize_flash() {
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    sanitize_run "flash_$tool" "$tool" ops_tests 'Dtypes/FlashForwardCudaTest.*/cuda_bf16' 300
+  done
 }
 
 step_bench() {
@@ -370,6 +380,7 @@ for step in "${steps[@]}"; do
     tests) step_tests ;;
     sanitize) step_sanitize ;;
     sanitize-decode) step_sanitize_decode ;;
+    sanitize-flash) step_sanitize_flash ;;
     bench) step_bench ;;
     oracle) step_oracle_tokenizer; step_oracle_train; step_oracle_models ;;
     oracle-tokenizer) step_oracle_tokenizer ;;

@@ -156,11 +156,11 @@ inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t 
   a.split_rows = a.q_len - a.split_row0;
 }
 
-// Launches `kernel` (a CTA per batch x query head x block of ROWS query rows, grid.z the splits) under the
+// Launches the forward (a CTA per batch x query head x block of ROWS query rows, grid.z the splits) under the
 // split plan for `ctas_per_sm` resident CTAs an SM, then merges the rows of the blocks that split.
-template <typename T, int D, int ROWS, int BC>
-void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas_per_sm, FwdArgs& a, int64_t batch,
-                  cudaStream_t stream, int device) {
+// launch_main(grid) launches the kernel itself (its parameters are the kernel's own; `a` as planned here).
+template <typename T, int D, int ROWS, int BC, typename LaunchMain>
+void launch_split(LaunchMain launch_main, int ctas_per_sm, FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
   const int64_t bh = batch * a.q_heads;
   split_plan(a, bh, ROWS, BC, int64_t{multiprocessor_count(device)} * ctas_per_sm);
   Tensor part_o, part_ml;
@@ -172,15 +172,21 @@ void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas
     a.part_o = part_o.data<float>();
     a.part_ml = reinterpret_cast<float2*>(part_ml.data<float>());
   }
-  const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((a.q_len + ROWS - 1) / ROWS),
-                  static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1));
-  // Chained (common.cuh): in a captured prefill each starts while the kernel before it finishes.
-  launch_chained(kernel, grid, threads, smem_bytes, stream, device, a);
+  launch_main(dim3(static_cast<unsigned>(bh), static_cast<unsigned>((a.q_len + ROWS - 1) / ROWS),
+                   static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1)));
   if (a.chunk_tiles > 0) {
     const int64_t rows = bh * a.split_rows;
     launch_chained(flash_combine_kernel<T, D, ROWS, BC>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream,
                    device, a, rows);
   }
+}
+// The same for a kernel whose only parameter is FwdArgs, launched chained (common.cuh): in a captured prefill
+// each starts while the kernel before it finishes.
+template <typename T, int D, int ROWS, int BC>
+void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas_per_sm, FwdArgs& a, int64_t batch,
+                  cudaStream_t stream, int device) {
+  launch_split<T, D, ROWS, BC>([&](dim3 grid) { launch_chained(kernel, grid, threads, smem_bytes, stream, device, a); },
+                               ctas_per_sm, a, batch, stream, device);
 }
 
 // The Hopper kernel's launch (attention_flash_fwd_sm90.cu; D 64 or 128), where flash_forward_uses_wgmma says it

@@ -1,48 +1,62 @@
-// Flash attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for bf16/f16 at head dim 64 and 128.
+// Flash attention forward on Hopper (sm_90a), for bf16/f16 at head dim 64 and 128: FlashAttention-3's design.
 //
 // The algorithm is the mma.sync kernel's (attention_flash_fwd.cu: online softmax in registers in log2 units,
 // the causal early exit, split keys and their combine, attention_flash_fwd.cuh); what changes is who feeds
 // the tensor cores. There each warp loads every K and V fragment it multiplies into registers with ldmatrix,
-// and shared memory, not the tensor cores, bounds it (~140 TFLOP/s at a batch-1 prefill). Here a warpgroup
-// (128 threads, 64 query rows) multiplies straight from shared memory:
-//   S [64 x BC] = Q K^T   wgmma m64nBCk16, D/16 steps, Q and K by descriptor
-//   online softmax on the S accumulators (a thread holds 2 rows x BC/4 columns; a row's 4 lanes shuffle)
-//   O [64 x D] += P V     wgmma m64nDk16, BC/16 steps, P from registers (the S accumulators re-packed, as in
-//                         the mma.sync kernel), V by descriptor, transposed (MN-major)
-// K and V tiles of BC keys stream through shared memory in three stages filled by cp.async (every thread
-// copies), written straight into wgmma's 128-byte-swizzled panels (attention_wgmma.cuh) and handed to the
-// async proxy that wgmma reads through (fence.proxy.async) before the barrier that publishes them.
-// The loop is software-pipelined as in FlashAttention-3's intra-warpgroup overlap: tile j's S and tile
-// j - 1's P V are issued together, and tile j's softmax runs while the tensor cores finish P V.
+// and shared memory, not the tensor cores, bounds it (~140 TFLOP/s at a batch-1 prefill). Here a CTA of three
+// warpgroups works on 128 query rows of one head:
+//   - Warpgroup 0, the producer: one thread issues the Tensor Memory Accelerator's copies (cp.async.bulk.tensor,
+//     tensor maps from tensor_map.h) of the CTA's Q rows and of each key tile's K and V into a ring of STAGES
+//     stages. A stage has a "full" mbarrier its copies complete (by bytes) and an "empty" one the consumers' warps
+//     arrive on once their P V of it is done. TMA writes the 128-byte-swizzled panels wgmma reads
+//     (attention_wgmma.cuh) and fills rows past a tensor's end with zeros, so padding never feeds the MMA garbage.
+//   - Warpgroups 1 and 2, the consumers, 64 query rows each, multiply straight from shared memory:
+//       S [64 x BC] = Q K^T   wgmma m64nBCk16, D/16 steps, Q and K by descriptor
+//       online softmax on the S accumulators (a thread holds 2 rows x BC/4 columns; a row's 4 lanes shuffle)
+//       O [64 x D] += P V     wgmma m64nDk16, BC/16 steps, P from registers (the S accumulators re-packed, as in
+//                             the mma.sync kernel), V by descriptor, transposed (MN-major)
+// Three overlaps keep the tensor cores busy, as in FlashAttention-3:
+//   - the producer's copies run ahead of the consumers by up to STAGES - 1 tiles (no barrier of the whole CTA
+//     in the loop);
+//   - within a consumer, tile j's S and tile j - 1's P V are issued together, and tile j's softmax runs while the
+//     tensor cores finish P V (software pipelining);
+//   - between the consumers (ping-pong): a warpgroup issues its products only once the other has issued its own
+//     (named barriers kSchedBarrier + warpgroup), so one's softmax runs while the other's products occupy the
+//     tensor cores.
+// The producer hands its registers to the consumers (setmaxnreg: 24 against 240 a thread), whose S, O and P
+// (160 registers at D 128) would not fit a third of the register file each.
 //
-// Measured (H200, cuda_ops_bench attention_fwd against attention_fwd_mma, 2026-11-30 15:45 UTC, medians of
-// 20; docs/perf/cuda-ops.md):
-//   B1 T2048 D128 (R1-1.5B prefill): 91.4 us (mma.sync) -> 59.8 us; B8 T1024 D128 140.1 -> 110.1 us
-//   B1 T2048 D64 (Qwen2.5-0.5B):     64.6 us -> 47.8 us;             B8 T1024 D64  98.9 -> 68.4 us
-// Tiles, from a sweep of warpgroups x key tile (1 or 2 x 64 or 128) in the same call: two warpgroups a CTA
-// (BR = 128 rows) sharing each K/V tile; D 64 with 64-key tiles (two CTAs an SM, 110 registers), D 128 with
-// 128-key tiles (one CTA an SM, 232 registers). One warpgroup of 128 keys was best at D 64 batch 1 (44.0 us)
-// and worst at batch 8 (83.9 us); the choice above is within 9% of the best everywhere measured. What was not
-// tried: a TMA producer warp, and ping-pong between the warpgroups (FlashAttention-3's other two overlaps).
+// Measured (H200, `cuda_ops_bench --reps 20 --filter attention_fwd`, the kernel before it in the same call,
+// 2026-12-01 14:30 UTC): that kernel was this one's consumers alone, two warpgroups loading K and V with cp.async
+// and meeting at a __syncthreads every tile (which kept their softmax in step and the tensor cores idle through
+// it: Nsight Compute's largest stall, 1.55 cycles an issue).
+//   B1 T2048 D128 (R1-1.5B prefill): 57.9 -> 38.1 us (338 TFLOP/s); B8 T1024 D128 102.4 -> 74.5 us
+//   B1 T2048 D64 (Qwen2.5-0.5B):     48.0 -> 32.0 us;                  B8 T1024 D64  65.3 -> 64.7 us
+//   B1 T512: D128 21.1 -> 19.4 us, D64 19.6 -> 21.1 us (its CTAs take two tiles or fewer: the ring never fills)
+// In the model (`microllm bench -p 512,2048 -n 0 -r 10`, two alternated passes, 14:35 UTC): Qwen2.5-0.5B pp2048
+// 529-536K -> 572-586K tok/s, pp512 273-277K -> 283-293K; R1-1.5B pp2048 202-207K -> 215-219K (medians; this
+// machine's R1 prefills spread 198-232K within a pass), pp512 146K -> 144-149K. `--op-times`: R1-1.5B pp2048's
+// attention 1.44 -> 0.90 ms.
+// Tiles, from the same call's sweep: D 128 with 128-key tiles and three stages (one CTA an SM: 224 KB); 64-key
+// tiles in five stages lost (43.6 us). D 64 with 128-key tiles, four stages, one CTA an SM; 64-key tiles with two
+// CTAs an SM (each a 104-register budget, which spills) took 46.0 us, in six stages and one CTA 36.1.
 //
 // The wgmma are asynchronous only as long as ptxas can prove no other instruction touches an accumulator
-// before its wait. Until 2026-12-01 the first tile committed one group and waited for "all but one", so its
-// softmax could read S while S was still being computed; ptxas saw that hazard and serialized every wgmma of
-// the kernel (ptxas -v: "C7514 ... wgmma.mma_async instructions are serialized"; Nsight Compute: a wait after
-// each HGMMA, 28% of the stall samples), which also kept the results right. tools/check_wgmma_async.sh (run
-// by .ci/run) fails if C7514 comes back. Measured (2026-12-01 06:49 UTC, `cuda_ops_bench --reps 30
-// --filter attention_fwd`, the serialized kernel against this one, two passes each): B1 T2048 D128 57.8 / 57.8
-// -> 58.0 / 54.6 us, B8 T1024 D128 120.1 / 108.8 -> 104.7 / 102.3, B1 T2048 D64 51.2 / 49.8 -> 46.9 / 49.2,
-// B8 T1024 D64 72.5 / 70.5 -> 66.9 / 65.8. Little: what bounds the kernel is not the tensor cores' queue.
-// Measured and not kept (06:43 UTC): S of tile j + 1 and P V of tile j - 1 both in flight during tile j's
-// softmax (two S register sets, four stages, 64-key tiles): D128 B1 T2048 58 -> 68-72 us, D64 47 -> 51-63.
+// before its wait; otherwise it serializes every wgmma of the kernel (ptxas -v: "C7514 ... wgmma.mma_async
+// instructions are serialized"), silently: the results stay right. That happened to this kernel's predecessor
+// for a day (inference-history.md); tools/check_wgmma_async.sh (run by .ci/run) fails if C7514 comes back.
+// Measured and not kept (06:43 UTC, the predecessor): S of tile j + 1 and P V of tile j - 1 both in flight during
+// tile j's softmax (two S register sets, four stages, 64-key tiles): D128 B1 T2048 58 -> 68-72 us, D64 47 -> 51-63.
 //
 // The scale rides in the exponent's FMA, so this kernel needs scale > 0 (flash_forward checks; the mma.sync
 // kernel takes any scale).
+#include <type_traits>
+
 #include "attention_flash_fwd.cuh"
 #include "attention_kernels.h"
 #include "attention_wgmma.cuh"
 #include "microllm/backend/backend.h"
+#include "tensor_map.h"
 
 namespace microllm::cuda_kernels::attention {
 namespace flash_fwd {
@@ -50,30 +64,12 @@ namespace {
 
 using namespace attn;
 
-template <int D, int BC, int NWG>
-struct Sm90Tile {
-  static constexpr int kThreads = NWG * 128;
-  static constexpr int kRows = NWG * 64;         // BR
-  static constexpr int kQBytes = kRows * D * 2;  // D / 64 panels of kRows rows
-  static constexpr int kKvBytes = BC * D * 2;    // one K or V stage: D / 64 panels of BC rows
-  static constexpr int kStages = 3;              // tiles j - 1 (P V), j (Q K^T), j + 1 (loading)
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  // + room to align to 1024
-  static_assert(D % 64 == 0 && (BC == 64 || BC == 128), "whole panels; S is m64n64 or m64n128");
-};
-
 // Device code of sm_90a only: other passes (the host, compute_90 PTX) see the kernel as a trap.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // Byte offset of 16-byte chunk `ch` of row r in the panels of a tile of `rows` rows (attention_wgmma.cuh).
 __device__ __forceinline__ uint32_t panel_offset(int r, int ch, int rows) {
   return static_cast<uint32_t>((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-}
-
-// ROWS x D tile -> wgmma's panels at `dst` (copy_rows_async: zero-filled past limit).
-template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_panels(uint32_t dst, const T* src, int64_t stride, int row0, int limit) {
-  copy_rows_async<ROWS, D, THREADS>(dst, src, stride, row0, limit,
-                                    [](int r, int ch) { return panel_offset(r, ch, ROWS); });
 }
 
 // Masks keys past the end or the diagonal (on tiles that need it) with -inf. s[4 j + e] is row g + 8 (e / 2), key
@@ -182,43 +178,76 @@ __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&corr)[2
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T, int D, int BC, int NWG, int CTAS>
-__global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(const FwdArgs a) {
+// ---- the kernel: a TMA producer and two consumers taking turns (the header comment) ----
+template <int D, int BC, int STAGES>
+struct Sm90Tile {
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kRows = 128;     // BR: 64 query rows a consumer
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kKvBytes = BC * D * 2;  // one K or V tile: D / 64 panels of BC rows
+  static constexpr int kSmemBytes = kQBytes + 2 * STAGES * kKvBytes + 1024;  // + room to align to 1024
+  static_assert(D % 64 == 0 && (BC == 64 || BC == 128) && STAGES >= 2, "whole panels; S is m64n64 or m64n128");
+};
+[[maybe_unused]] constexpr int kSchedBarrier = 1;  // named barriers 1 and 2: consumer warpgroup 0's and 1's turn
+
+template <typename T, int D, int BC, int STAGES, int CTAS, int PRODUCER_REGS, int CONSUMER_REGS>
+__global__ void __launch_bounds__(384, CTAS)
+    flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                              const __grid_constant__ CUtensorMap v_map, const FwdArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
-  using Tile = Sm90Tile<D, BC, NWG>;
-  constexpr int BR = Tile::kRows, THREADS = Tile::kThreads, CH = D / 8, STAGES = Tile::kStages;
+  using Tile = Sm90Tile<D, BC, STAGES>;
+  constexpr int BR = Tile::kRows, CH = D / 8;
+  __shared__ __align__(8) uint64_t q_full, kv_full[STAGES], kv_empty[STAGES];
   extern __shared__ unsigned char flash_sm90_smem[];
   const uint32_t smem0 = smem_u32(flash_sm90_smem);
-  const uint32_t sQ = (smem0 + 1023u) & ~1023u;                  // 1024-aligned: the swizzle pattern's period
-  const uint32_t sKV = sQ + Tile::kQBytes;                       // STAGES x (K tile, V tile)
-  unsigned char* const q_tile = flash_sm90_smem + (sQ - smem0);  // sQ as a generic pointer (epilogue)
+  const uint32_t sQ = (smem0 + 1023u) & ~1023u;  // 1024-aligned: the swizzle pattern's period
+  const uint32_t sKV = sQ + Tile::kQBytes;       // STAGES x (K tile, V tile)
+  unsigned char* const q_tile = flash_sm90_smem + (sQ - smem0);
 
-  const int lane = threadIdx.x % 32, wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4;
-  const int g = lane / 4, t4 = lane % 4;  // PTX groupID, threadID_in_group
   const int b = blockIdx.x / a.q_heads, h = blockIdx.x % a.q_heads, hk = h / a.group;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // the longest (causal) blocks are scheduled first
-  const int warp_row0 = wg * 64 + warp * 16;         // this warp's first row in the block
-
-  const T* qg = static_cast<const T*>(a.q) + b * a.q_stride[0] + h * a.q_stride[1];
-  const T* kg = static_cast<const T*>(a.k) + b * a.k_stride[0] + hk * a.k_stride[1];
-  const T* vg = static_cast<const T*>(a.v) + b * a.v_stride[0] + hk * a.v_stride[1];
-
   const CtaTiles tiles = cta_tiles<BC>(a, q0, BR);
   if (tiles.begin >= tiles.end) return;
   const int tile_begin = tiles.begin, tile_end = tiles.end;
-  const bool partial = tiles.partial;
+  // Tile jt's K and V live in stage (jt - tile_begin) % STAGES, its use number (jt - tile_begin) / STAGES.
+  auto stage = [&](int jt) { return (jt - tile_begin) % STAGES; };
+  auto use_parity = [&](int jt) { return static_cast<unsigned>((jt - tile_begin) / STAGES) & 1u; };
+  auto k_tile = [&](int jt) { return sKV + static_cast<uint32_t>(stage(jt)) * 2 * Tile::kKvBytes; };
+  auto full_bar = [&](int jt) { return smem_u32(&kv_full[stage(jt)]); };
+  auto empty_bar = [&](int jt) { return smem_u32(&kv_empty[stage(jt)]); };
 
-  // Tile jt's K and V live in stage (jt - tile_begin) % STAGES.
-  auto k_stage = [&](int jt) { return sKV + static_cast<uint32_t>((jt - tile_begin) % STAGES) * 2 * Tile::kKvBytes; };
-  auto load_kv = [&](int jt) {
-    load_panels<BC, D, THREADS>(k_stage(jt), kg, a.k_stride[2], jt * BC, a.kv_len);
-    load_panels<BC, D, THREADS>(k_stage(jt) + Tile::kKvBytes, vg, a.v_stride[2], jt * BC, a.kv_len);
-  };
-  load_panels<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
-  load_kv(tile_begin);
-  cp_async_commit();
+  if (threadIdx.x == 0) {
+    mbar_init(smem_u32(&q_full), 1);
+    for (int i = 0; i < STAGES; ++i) {
+      mbar_init(smem_u32(&kv_full[i]), 1);
+      mbar_init(smem_u32(&kv_empty[i]), 8);  // the consumers' warps
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
 
+  if (threadIdx.x < 128) {  // the producer warpgroup; one thread issues every copy
+    warpgroup_registers_down<PRODUCER_REGS>();
+    if (threadIdx.x == 0) {
+      mbar_expect_bytes(smem_u32(&q_full), Tile::kQBytes);
+      for (int p = 0; p < D / 64; ++p) tma_load_4d(sQ + p * BR * 128, &q_map, smem_u32(&q_full), 64 * p, q0, h, b);
+      for (int jt = tile_begin; jt < tile_end; ++jt) {
+        mbar_wait(empty_bar(jt), use_parity(jt) ^ 1);  // its last use released (a fresh barrier: at once)
+        mbar_expect_bytes(full_bar(jt), 2 * Tile::kKvBytes);
+        for (int p = 0; p < D / 64; ++p) {
+          tma_load_4d(k_tile(jt) + p * BC * 128, &k_map, full_bar(jt), 64 * p, jt * BC, hk, b);
+          tma_load_4d(k_tile(jt) + Tile::kKvBytes + p * BC * 128, &v_map, full_bar(jt), 64 * p, jt * BC, hk, b);
+        }
+      }
+    }
+    return;
+  }
+
+  warpgroup_registers_up<CONSUMER_REGS>();
+  const int lane = threadIdx.x % 32, wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4;
+  const int g = lane / 4, t4 = lane % 4;      // PTX groupID, threadID_in_group
+  const int warp_row0 = wg * 64 + warp * 16;  // this warp's first row in the block
   float o[D / 2];  // O accumulators: o[4 j + e] is row g + 8 (e / 2), column 8 j + 2 t4 + e % 2
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -226,28 +255,25 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
   float corr[2];
   const uint32_t q_rows = sQ + static_cast<uint32_t>(wg * 64 * 128);  // this warpgroup's rows in panel 0
   uint32_t p[BC / 16][4];                                             // P of the tile before the one in S
+  mbar_wait(smem_u32(&q_full), 0);
+  if (wg == 1) named_arrive(kSchedBarrier, 256);  // warpgroup 0 goes first
 
-  // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the tensor cores compute tile jt's
-  // S and tile jt - 1's P V, the warpgroup runs tile jt's softmax. Tile jt + 1 loads meanwhile. The first tile,
-  // which has no P V before it, is its own instance of the step, so that every commit below closes a group of
-  // real wgmma: the wait for S must leave exactly the P V group in flight, and a commit after a wgmma issued
-  // only sometimes costs ptxas a placeholder wgmma on every tile.
+  // The kernel above's step, with the ring's barriers for its __syncthreads and the turns around the issue.
   auto step = [&]<bool kFirst>(int jt) {
-    cp_async_wait<0>();   // tile jt (the only group in flight)
-    fence_proxy_async();  // this thread's copies, visible to wgmma once the barrier below has passed
-    __syncthreads();      // ... and every warpgroup is past tile jt - 2's P V: its stage is free
-    if (jt + 1 < tile_end) load_kv(jt + 1);
-    cp_async_commit();
-
+    mbar_wait(full_bar(jt), use_parity(jt));
     float s[BC / 2];
+    named_sync(kSchedBarrier + wg, 256);  // this warpgroup's turn
     wgmma_fence();
-    issue_qk<T, D, BR, BC>(s, q_rows, k_stage(jt));
+    issue_qk<T, D, BR, BC>(s, q_rows, k_tile(jt));
     wgmma_commit();
+    if constexpr (!kFirst) {
+      issue_pv<T, D, BC>(o, p, k_tile(jt - 1) + Tile::kKvBytes);
+      wgmma_commit();
+    }
+    named_arrive(kSchedBarrier + 1 - wg, 256);  // the other's turn
     if constexpr (kFirst) {
       wgmma_wait<0>();  // S
     } else {
-      issue_pv<T, D, BC>(o, p, k_stage(jt - 1) + Tile::kKvBytes);
-      wgmma_commit();
       wgmma_wait<1>();  // S (P V may still run: it was committed last)
     }
     wgmma_fence_operands(s);
@@ -256,19 +282,22 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
     if constexpr (!kFirst) {
       wgmma_wait<0>();
       wgmma_fence_operands(o);
+      if (lane == 0) mbar_arrive(empty_bar(jt - 1));  // this warp is done with tile jt - 1's stage
     }
     rescale<D>(o, corr);
     pack_p<T, BC>(s, p);
   };
   step.template operator()<true>(tile_begin);
   for (int jt = tile_begin + 1; jt < tile_end; ++jt) step.template operator()<false>(jt);
+  named_sync(kSchedBarrier + wg, 256);
   wgmma_fence();
-  issue_pv<T, D, BC>(o, p, k_stage(tile_end - 1) + Tile::kKvBytes);
+  issue_pv<T, D, BC>(o, p, k_tile(tile_end - 1) + Tile::kKvBytes);
   wgmma_commit();
+  if (wg == 0) named_arrive(kSchedBarrier + 1, 256);  // every turn taken is given back: one sync, one arrive
   wgmma_wait<0>();
   wgmma_fence_operands(o);
 
-  if (partial) {  // this split's rows for flash_combine_kernel: unnormalized sums and (max, sum)
+  if (tiles.partial) {  // this split's rows for flash_combine_kernel: unnormalized sums and (max, sum)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const float l = quad_sum(row_sum[hf]);
@@ -311,30 +340,54 @@ __global__ void __launch_bounds__(NWG * 128, CTAS) flash_forward_sm90_kernel(con
 #endif
 }
 
-template <typename T, int D, int BC, int NWG, int CTAS>
+// The tensor map of q, k or v ([batch, heads, len, D] at `stride`: batch, head, position, in elements) read in
+// boxes of one head's `box_rows` positions x 64 columns.
+CUtensorMap heads_map(const void* base, DType dtype, int64_t batch, int64_t heads, int64_t len, int d,
+                      const int64_t (&stride)[3], int box_rows) {
+  const int64_t dims[4] = {d, len, heads, batch};
+  int64_t byte_strides[3] = {stride[2] * 2, stride[1] * 2, stride[0] * 2};
+  // A dimension of one element is never stepped along, and views may give it any stride (0 too): give the driver
+  // one it takes, the dimensions below it packed.
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) byte_strides[i] = i == 0 ? int64_t{d} * 2 : byte_strides[i - 1] * dims[i];
+  }
+  const uint32_t box[4] = {64, static_cast<uint32_t>(box_rows), 1, 1};
+  return swizzled_map("attention", base, dtype, 4, dims, byte_strides, box);
+}
+
+template <typename T, int D, int BC, int STAGES, int CTAS, int PRODUCER_REGS, int CONSUMER_REGS>
 void launch(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
-  using Tile = Sm90Tile<D, BC, NWG>;
-  static_assert(CTAS * Tile::kSmemBytes <= 227 * 1024, "CTAS tiles fit an sm_90 SM's shared memory");
-  constexpr auto kernel = flash_forward_sm90_kernel<T, D, BC, NWG, CTAS>;
+  using Tile = Sm90Tile<D, BC, STAGES>;
+  static_assert(CTAS * (Tile::kSmemBytes + 1024) <= 227 * 1024, "CTAS tiles fit an sm_90 SM's shared memory");
+  static_assert(CTAS * (128 * PRODUCER_REGS + 256 * CONSUMER_REGS) <= 65536, "the registers handed over exist");
+  constexpr auto kernel = flash_forward_sm90_kernel<T, D, BC, STAGES, CTAS, PRODUCER_REGS, CONSUMER_REGS>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
-  launch_split<T, D, Tile::kRows, BC>(kernel, Tile::kThreads, Tile::kSmemBytes, CTAS, a, batch, stream, device);
+  const DType dtype = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+  const int kv_heads = a.q_heads / a.group;
+  const CUtensorMap q_map = heads_map(a.q, dtype, batch, a.q_heads, a.q_len, D, a.q_stride, Tile::kRows);
+  const CUtensorMap k_map = heads_map(a.k, dtype, batch, kv_heads, a.kv_len, D, a.k_stride, BC);
+  const CUtensorMap v_map = heads_map(a.v, dtype, batch, kv_heads, a.kv_len, D, a.v_stride, BC);
+  launch_split<T, D, Tile::kRows, BC>(
+      [&](dim3 grid) {
+        launch_chained(kernel, grid, Tile::kThreads, Tile::kSmemBytes, stream, device, q_map, k_map, v_map, a);
+      },
+      CTAS, a, batch, stream, device);
 }
 
 }  // namespace
 
 void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_t stream, int device) {
-  // Tiles: the header comment (D 64: 64-key tiles, two CTAs an SM; D 128: 128-key tiles, one CTA an SM).
-  if (head_dim == 64) {
-    if (bf16)
-      launch<__nv_bfloat16, 64, 64, 2, 2>(a, batch, stream, device);
+  // Tiles (the header comment): 128-key tiles, one CTA an SM; three stages at D 128, four at D 64.
+  auto run = [&]<typename T>() {
+    if (head_dim == 64)
+      launch<T, 64, 128, 4, 1, 24, 240>(a, batch, stream, device);
     else
-      launch<__half, 64, 64, 2, 2>(a, batch, stream, device);
-  } else {
-    if (bf16)
-      launch<__nv_bfloat16, 128, 128, 2, 1>(a, batch, stream, device);
-    else
-      launch<__half, 128, 128, 2, 1>(a, batch, stream, device);
-  }
+      launch<T, 128, 128, 3, 1, 24, 240>(a, batch, stream, device);
+  };
+  if (bf16)
+    run.template operator()<__nv_bfloat16>();
+  else
+    run.template operator()<__half>();
 }
 
 }  // namespace flash_fwd

@@ -1,5 +1,6 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) building blocks of the flash attention forward (internal header):
-// shared-memory matrix descriptors, the async fences and the m64nNk16 instructions the Hopper kernel uses.
+// Hopper (sm_90a) building blocks of the flash attention forward and the SwiGLU GEMM (internal header): warpgroup
+// MMA (wgmma) with its shared-memory matrix descriptors, async fences and m64nNk16 instructions; the mbarriers,
+// TMA copies, named barriers and register hand-over of their warp-specialized producer/consumer designs.
 // NVIDIA-only (inline PTX of sm_90a); a HIP port keeps the mma.sync kernel (attention_mma.cuh) instead.
 //
 // Operands in shared memory are tiles of 128-byte rows in "panels" of 64 bf16/f16 columns: panel p of an
@@ -18,6 +19,7 @@
 // g + 8 (e / 2), column 8j + 2t + e % 2; the A fragment of a k16 step is mma.sync's A fragment.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,6 +36,72 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lead
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+// ---- mbarriers and the Tensor Memory Accelerator (sm_90): the producer/consumer rings of the Hopper kernels ----
+// A ring stage has a "full" mbarrier its TMA copies complete (by bytes) and an "empty" one its consumers arrive
+// on once they are done reading it. The descriptors come from tensor_map.h.
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the TMA unit (before the __syncthreads that publishes them).
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrives on the barrier and adds `bytes` to the transactions its phase waits for (the TMA copies' bytes).
+__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of this parity has completed (a fresh barrier: parity 1 has, 0 has not).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Box (c0 innermost, c1) of a 2-D tensor map into shared memory at dst, completing its bytes on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+// The same for a 4-D tensor map (c0 innermost).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Named barriers (ids 1-15; __syncthreads is 0) over `threads` threads: sync waits for the count, arrive counts
+// without waiting (the warpgroups' turns at the tensor cores in the flash forward).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Hands registers between the warpgroups of a warp-specialized kernel (sm_90a): a producer gives back what it does
+// not need, so that the consumers' accumulators fit. Every warp of the warpgroup executes it.
+template <int N>
+__device__ __forceinline__ void warpgroup_registers_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void warpgroup_registers_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

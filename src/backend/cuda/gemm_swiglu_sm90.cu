@@ -47,9 +47,6 @@
 //     stage gains.
 // What is left to cuBLASLt's 148 us for the product alone: the tensor cores are ~70% busy (Nsight Compute), the
 // ring's 3 stages are what fits beside the staged tile, and 1,120 tiles on 132 SMs leave the last round half empty.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <type_traits>
 
@@ -63,10 +60,17 @@
 #include "microllm/core/error.h"
 #include "op_scope.h"
 #include "rows.cuh"
+#include "tensor_map.h"
 
 namespace microllm::cuda_kernels {
 namespace sm90_swiglu {
 namespace {
+
+using attn::mbar_arrive;
+using attn::mbar_expect_bytes;
+using attn::mbar_init;
+using attn::mbar_wait;
+using attn::tma_load_2d;
 
 constexpr int kBlockM = 128;                                  // rows of x a tile: two consumer warpgroups of 64
 constexpr int kBlockN = 128;                                  // output columns a tile (gate rows; as many up rows)
@@ -137,35 +141,6 @@ __device__ __forceinline__ void wgmma_ss_256(float (&d)[128], uint64_t a, uint64
   }
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrives on the barrier and adds `bytes` to the transactions its phase waits for (the TMA copies' bytes).
-__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase of this parity has completed (a fresh barrier: parity 1 has, 0 has not).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// Box (c0 = k, c1 = row) of a 2-D tensor map into shared memory at dst, completing its bytes on bar.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
 // Warps 1-3 of the producer warpgroup finish each tile while the consumers multiply the next one: the rounded
 // gate and up rows a 16-byte chunk (8 columns) at a time, silu(gate) * up in f32 as the swiglu kernel computes it
 // (activation.cu), rounded once, one 16-byte store each (a warp writes two whole 256-byte rows).
@@ -228,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init(attn::smem_u32(&staged_full), kConsumerThreads);
     mbar_init(attn::smem_u32(&staged_empty), kEpilogueThreads);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+    attn::mbar_fence_init();  // visible to the TMA unit
   }
   __syncthreads();
   wait_for_prior_grids();  // x is the kernel before's output (a chained launch in a captured prefill)
@@ -244,9 +219,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(empty_bar(stage), phase ^ 1);  // the consumers are done with the stage's last use
           const uint32_t dst = ring + static_cast<uint32_t>(stage * kStageBytes);
           mbar_expect_bytes(full_bar(stage), kStageBytes);
-          tma_load(dst, &x_map, full_bar(stage), kb * kBlockK, o.x);
-          tma_load(dst + kABytes, &gate_map, full_bar(stage), kb * kBlockK, o.y);
-          tma_load(dst + kABytes + kBHalfBytes, &up_map, full_bar(stage), kb * kBlockK, o.y);
+          tma_load_2d(dst, &x_map, full_bar(stage), kb * kBlockK, o.x);
+          tma_load_2d(dst + kABytes, &gate_map, full_bar(stage), kb * kBlockK, o.y);
+          tma_load_2d(dst + kABytes + kBHalfBytes, &up_map, full_bar(stage), kb * kBlockK, o.y);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
@@ -316,38 +291,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    MICROLLM_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      throw BackendError("swiglu_gemm", "the CUDA driver has no cuTensorMapEncodeTiled");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
 // The tensor map of a [rows, cols] matrix of 16-bit elements (rows `stride` elements apart) read in boxes of
 // box_rows x kBlockK with the 128-byte swizzle; out-of-range elements read as zeros.
 CUtensorMap matrix_map(const void* base, DType dtype, int64_t rows, int64_t cols, int64_t stride, int box_rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
-  const cuuint32_t box[2] = {kBlockK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result =
-      encode_tiled()(&map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                     const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    throw BackendError("swiglu_gemm", str_cat("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(result),
-                                              ") for a [", rows, ", ", cols, "] matrix with row stride ", stride));
-  }
-  return map;
+  const int64_t dims[2] = {cols, rows}, byte_strides[1] = {stride * 2};
+  const uint32_t box[2] = {kBlockK, static_cast<uint32_t>(box_rows)};
+  return swizzled_map("swiglu_gemm", base, dtype, 2, dims, byte_strides, box);
 }
 
 }  // namespace
