@@ -259,7 +259,11 @@ __global__ void __launch_bounds__(384, CTAS)
   mbar_wait(smem_u32(&q_full), 0);
   if (wg == 1) named_arrive(kSchedBarrier, 256);  // warpgroup 0 goes first
 
-  // The kernel above's step, with the ring's barriers for its __syncthreads and the turns around the issue.
+  // One key tile (software-pipelined, the header comment): once the tile has landed and it is this warpgroup's
+  // turn, issue tile jt's S and tile jt - 1's P V, hand the turn over, run tile jt's softmax while the tensor
+  // cores work, then release tile jt - 1's stage. The first tile, which has no P V before it, is its own instance
+  // of the step, so that every commit closes a group of real wgmma: the wait for S must leave exactly the P V
+  // group in flight (a commit after a wgmma issued only sometimes costs ptxas a placeholder wgmma on every tile).
   auto step = [&]<bool kFirst>(int jt) {
     mbar_wait(full_bar(jt), use_parity(jt));
     float s[BC / 2];
@@ -294,7 +298,9 @@ __global__ void __launch_bounds__(384, CTAS)
   wgmma_fence();
   issue_pv<T, D, BC>(o, p, k_tile(tile_end - 1) + Tile::kKvBytes);
   wgmma_commit();
-  if (wg == 0) named_arrive(kSchedBarrier + 1, 256);  // every turn taken is given back: one sync, one arrive
+  // Warpgroup 1's last turn has no other after it: each warpgroup's syncs now match the other's arrives (warpgroup
+  // 1's first one above included), so no named barrier is left half arrived when the CTA exits.
+  if (wg == 0) named_arrive(kSchedBarrier + 1, 256);
   wgmma_wait<0>();
   wgmma_fence_operands(o);
 
