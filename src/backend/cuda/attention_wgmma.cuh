@@ -114,8 +114,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Shared memory written by threads (cp.async, st.shared) visible to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving reads or writes of accumulator registers across a wgmma still in flight.
 template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
