@@ -2,10 +2,10 @@
 // the kernel before it (mma.sync, attention_flash_fwd.cu: set_flash_wgmma(false)) and the CPU reference, on
 // fresh random inputs with NaN-poisoned outputs and a guard band after them: causal and not, a query offset
 // (a prefill chunk after cached keys), grouped heads, lengths that are not a multiple of any tile, blocks
-// whose keys split over several CTAs, q, k and v as heads of one fused projection's rows, and the prefills of
-// Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128); each kernel writes both a contiguous output and a token-major view
-// (what ops::attention hands it), bit for bit the same. Skips without a GPU, and where the Hopper kernel does not run
-// (not an sm_90 GPU, or no sm_90a code).
+// whose keys split over several CTAs, q, k and v as heads of one fused projection's rows, k and v broadcast
+// across heads (stride 0), and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128); each kernel
+// writes both a contiguous output and a token-major view (what ops::attention hands it), bit for bit the same.
+// Skips without a GPU, and where the Hopper kernel does not run (not an sm_90 GPU, or no sm_90a code).
 #include <gtest/gtest.h>
 
 #ifdef MICROLLM_WITH_CUDA
@@ -56,6 +56,7 @@ struct Case {
   AttentionParams params;
   bool cpu_reference;      // small enough for the CPU reference in a test
   bool fused_qkv = false;  // q, k and v are heads of one [B, L, Hq + 2 Hkv, D] buffer (a fused projection's)
+  bool broadcast_kv = false;  // k and v are one head broadcast to kv_heads (a stride of 0 across heads)
 };
 
 AttentionParams causal_at(int64_t q_offset) {
@@ -96,6 +97,7 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
       {"R1-Distill-1.5B prefill", 1, 2048, 2048, 12, 2, 128, AttentionParams{}, false},
       {"d128 heads of one fused qkv buffer", 1, 300, 300, 12, 2, 128, AttentionParams{}, true, true},
       {"d64 heads of one fused qkv buffer, batch 2", 2, 257, 257, 14, 2, 64, AttentionParams{}, true, true},
+      {"d128 one kv head broadcast to two", 2, 150, 150, 12, 2, 128, AttentionParams{}, true, false, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -108,6 +110,11 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
       q = qkv.narrow(2, 0, c.q_heads).transpose(1, 2);
       k = qkv.narrow(2, c.q_heads, c.kv_heads).transpose(1, 2);
       v = qkv.narrow(2, c.q_heads + c.kv_heads, c.kv_heads).transpose(1, 2);
+    } else if (c.broadcast_kv) {
+      const Shape kv_shape{c.batch, c.s, c.kv_heads, c.d};
+      q = random_tensor({c.batch, c.t, c.q_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
+      k = random_tensor({c.batch, c.s, 1, c.d}, dtype(), Device::cpu()).to(kGpu).expand(kv_shape).transpose(1, 2);
+      v = random_tensor({c.batch, c.s, 1, c.d}, dtype(), Device::cpu()).to(kGpu).expand(kv_shape).transpose(1, 2);
     } else {
       q = random_tensor({c.batch, c.t, c.q_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
       k = random_tensor({c.batch, c.s, c.kv_heads, c.d}, dtype(), Device::cpu()).to(kGpu).transpose(1, 2);
