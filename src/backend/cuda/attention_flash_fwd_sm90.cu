@@ -182,8 +182,12 @@ __device__ __forceinline__ void rescale(float (&o)[D / 2], const float (&corr)[2
 // ---- the kernel: a TMA producer and two consumers taking turns (the header comment) ----
 template <int D, int BC, int STAGES>
 struct Sm90Tile {
-  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups, one CTA an SM
   static constexpr int kRows = 128;     // BR: 64 query rows a consumer
+  // Registers a thread after the hand-over (setmaxnreg): the producer's 128 threads give theirs to the consumers'
+  // 256, whose S, O and P need ~160 at D 128.
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "the registers handed over exist");
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kKvBytes = BC * D * 2;  // one K or V tile: D / 64 panels of BC rows
   static constexpr int kSmemBytes = kQBytes + 2 * STAGES * kKvBytes + 1024;  // + room to align to 1024
@@ -191,8 +195,8 @@ struct Sm90Tile {
 };
 [[maybe_unused]] constexpr int kSchedBarrier = 1;  // named barriers 1 and 2: consumer warpgroup 0's and 1's turn
 
-template <typename T, int D, int BC, int STAGES, int CTAS, int PRODUCER_REGS, int CONSUMER_REGS>
-__global__ void __launch_bounds__(384, CTAS)
+template <typename T, int D, int BC, int STAGES>
+__global__ void __launch_bounds__(Sm90Tile<D, BC, STAGES>::kThreads, 1)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map, const FwdArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -229,7 +233,7 @@ __global__ void __launch_bounds__(384, CTAS)
   wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
 
   if (threadIdx.x < 128) {  // the producer warpgroup; one thread issues every copy
-    warpgroup_registers_down<PRODUCER_REGS>();
+    warpgroup_registers_down<Tile::kProducerRegs>();
     if (threadIdx.x == 0) {
       mbar_expect_bytes(smem_u32(&q_full), Tile::kQBytes);
       for (int p = 0; p < D / 64; ++p) tma_load_4d(sQ + p * BR * 128, &q_map, smem_u32(&q_full), 64 * p, q0, h, b);
@@ -245,7 +249,7 @@ __global__ void __launch_bounds__(384, CTAS)
     return;
   }
 
-  warpgroup_registers_up<CONSUMER_REGS>();
+  warpgroup_registers_up<Tile::kConsumerRegs>();
   const int lane = threadIdx.x % 32, wg = threadIdx.x / 128 - 1, warp = (threadIdx.x / 32) % 4;
   const int g = lane / 4, t4 = lane % 4;      // PTX groupID, threadID_in_group
   const int warp_row0 = wg * 64 + warp * 16;  // this warp's first row in the block
@@ -362,12 +366,11 @@ CUtensorMap heads_map(const void* base, DType dtype, int64_t batch, int64_t head
   return swizzled_map("attention", base, dtype, 4, dims, byte_strides, box);
 }
 
-template <typename T, int D, int BC, int STAGES, int CTAS, int PRODUCER_REGS, int CONSUMER_REGS>
+template <typename T, int D, int BC, int STAGES>
 void launch(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
   using Tile = Sm90Tile<D, BC, STAGES>;
-  static_assert(CTAS * (Tile::kSmemBytes + 1024) <= 227 * 1024, "CTAS tiles fit an sm_90 SM's shared memory");
-  static_assert(CTAS * (128 * PRODUCER_REGS + 256 * CONSUMER_REGS) <= 65536, "the registers handed over exist");
-  constexpr auto kernel = flash_forward_sm90_kernel<T, D, BC, STAGES, CTAS, PRODUCER_REGS, CONSUMER_REGS>;
+  static_assert(Tile::kSmemBytes + 1024 <= 227 * 1024, "the tile fits an sm_90 SM's shared memory");
+  constexpr auto kernel = flash_forward_sm90_kernel<T, D, BC, STAGES>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
   const DType dtype = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
   const int kv_heads = a.q_heads / a.group;
@@ -378,7 +381,7 @@ void launch(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
       [&](dim3 grid) {
         launch_chained(kernel, grid, Tile::kThreads, Tile::kSmemBytes, stream, device, q_map, k_map, v_map, a);
       },
-      CTAS, a, batch, stream, device);
+      /*ctas_per_sm=*/1, a, batch, stream, device);
 }
 
 }  // namespace
@@ -387,9 +390,9 @@ void launch_sm90(FwdArgs& a, int64_t batch, int head_dim, bool bf16, cudaStream_
   // Tiles (the header comment): 128-key tiles, one CTA an SM; three stages at D 128, four at D 64.
   auto run = [&]<typename T>() {
     if (head_dim == 64)
-      launch<T, 64, 128, 4, 1, 24, 240>(a, batch, stream, device);
+      launch<T, 64, 128, 4>(a, batch, stream, device);
     else
-      launch<T, 128, 128, 3, 1, 24, 240>(a, batch, stream, device);
+      launch<T, 128, 128, 3>(a, batch, stream, device);
   };
   if (bf16)
     run.template operator()<__nv_bfloat16>();

@@ -58,13 +58,24 @@ bool staged_fits(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, in
          (max_context + 31) / 32 <= kMaxSplits;
 }
 
+// A staged key's row pitch in elements (its K or V row and 16 bytes, so rows start on other banks) and the bytes
+// of its K and V rows together.
+template <typename T>
+int staged_pitch(int dim) {
+  return dim + static_cast<int>(16 / sizeof(T));
+}
+template <typename T>
+int64_t staged_key_bytes(int dim) {
+  return 2 * int64_t{staged_pitch<T>(dim)} * static_cast<int64_t>(sizeof(T));
+}
+
 // The staged kernels' common shared memory for `chunk` keys a CTA of R rows (paged_kernels.cuh: the staged K/V rows,
 // which the cross-warp sums reuse, then f32 q, scores, m, l, and a flag a key): sets a's chunk, pitch and
 // stage_bytes, returns the bytes.
 template <typename T, int R>
 size_t size_staged(PagedArgs& a, int64_t chunk) {
-  a.pitch = a.dim + static_cast<int>(16 / sizeof(T));
-  const int64_t row_bytes = 2 * int64_t{a.pitch} * static_cast<int64_t>(sizeof(T));
+  a.pitch = staged_pitch<T>(a.dim);
+  const int64_t row_bytes = staged_key_bytes<T>(a.dim);
   a.chunk = static_cast<int>(chunk);
   a.stage_bytes =
       static_cast<int>(std::max<int64_t>(chunk * row_bytes, int64_t{kStagedWarps} * R * a.dim * 4) + 15) / 16 * 16;
@@ -77,7 +88,7 @@ size_t size_staged(PagedArgs& a, int64_t chunk) {
 template <typename T, int R>
 size_t plan_staged(PagedArgs& a, int64_t tokens, int64_t max_context, int sms) {
   a.row_blocks = (a.group + R - 1) / R;
-  const int64_t row_bytes = 2 * (a.dim + 16 / static_cast<int64_t>(sizeof(T))) * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = staged_key_bytes<T>(a.dim);
   const int64_t budget = R == 1 ? kStageBudgetAlone : kStageBudget;
   const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / row_bytes) / 32 * 32);
   const int64_t base_ctas = tokens * a.kv_heads * a.row_blocks;
