@@ -435,7 +435,7 @@ void check_projected_equals_composition(const Cache& c, DType dtype, int64_t hid
   EXPECT_EQ(host_values(v_pool), host_values(v_ref));
 }
 
-// The long-context cases of DecodeAttentionProjectedIsAttentionThenLinear, run by CUDA through both of its fused
+// The long-context cases of DecodeAttentionProjectedIsAttentionThenLinear, run by CUDA through each of its fused
 // paths past one split.
 void check_long_context_projected(DType dtype, bool with_addend, Device d) {
   // Past one split (a long context): one token, two, one with a padding row.
@@ -447,6 +447,14 @@ void check_long_context_projected(DType dtype, bool with_addend, Device d) {
                                      with_addend, 4096, d, "long context b2, 4096-key graph");
   check_projected_equals_composition(make_cache({700}, 16, 2, 14, 64, 1, true, d, 3, 1024), dtype, 900, with_addend,
                                      1024, d, "long context + padding, hidden 900");
+  // A 4,096-key graph: the target workload's steps (two tokens past prompts of 2,048), one token at hidden 900 (the
+  // last column blocks short or empty), and one token of 10 keys (most slices empty).
+  check_projected_equals_composition(make_cache({2100, 2111}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896,
+                                     with_addend, 4096, d, "workload b2, 4096-key graph");
+  check_projected_equals_composition(make_cache({3000}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 900, with_addend,
+                                     4096, d, "b1, 4096-key graph, hidden 900");
+  check_projected_equals_composition(make_cache({9}, 16, 2, 14, 64, 1, false, d, 3, 4096), dtype, 896, with_addend,
+                                     4096, d, "b1 of 10 keys, 4096-key graph");
   // R1-Distill-1.5B's heads (12 of D 128 over 2 kv heads, hidden 1536), a sequence far shorter than max_context.
   check_projected_equals_composition(make_cache({333}, 16, 2, 12, 128, 1, false, d, 3, 2048), dtype, 1536, with_addend,
                                      2048, d, "r1 long context b1");
@@ -455,8 +463,10 @@ void check_long_context_projected(DType dtype, bool with_addend, Device d) {
 TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
   const Device d = device();
 #ifdef MICROLLM_WITH_CUDA
-  const int64_t launches_before = d.is_cuda() ? cuda_kernels::paged::projected_launches() : 0;
-  const int64_t clusters_before = d.is_cuda() ? cuda_kernels::paged::token_cluster_launches() : 0;
+  namespace pg = cuda_kernels::paged;
+  const int64_t launches_before = d.is_cuda() ? pg::projected_launches() : 0;
+  const int64_t clusters_before = d.is_cuda() ? pg::token_cluster_launches() : 0;
+  const int64_t head_clusters_before = d.is_cuda() ? pg::head_cluster_launches() : 0;
 #endif
   for (DType dtype : kPoolTypes) {
     for (bool with_addend : {true, false}) {
@@ -474,13 +484,19 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                          256, d, "hidden 900");
       check_projected_equals_composition(make_cache({5, 64}, 16, 2, 8, 64, 1, false, d, 3, 128), dtype, 512,
                                          with_addend, 128, d, "group 4");
-      // Past one split, CUDA's two fused paths: a token's attention in one cluster (paged_token_cluster_kernel),
-      // and the splits followed by one kernel merging them and projecting (the switch off).
+      // Past one split, CUDA's three fused paths: a token's attention in one cluster (paged_token_cluster_kernel)
+      // up to 2,048 keys and a cluster a kv head past it (its kHeadClusters), as the switches are; head clusters
+      // for every case (token clusters off); the splits followed by one kernel merging them and projecting (both
+      // off).
       check_long_context_projected(dtype, with_addend, d);
 #ifdef MICROLLM_WITH_CUDA
       if (d.is_cuda()) {
-        const testing::ScopedSwitch splits(cuda_kernels::paged::token_clusters, cuda_kernels::paged::set_token_clusters,
-                                           false);
+        const testing::ScopedSwitch no_token_clusters(pg::token_clusters, pg::set_token_clusters, false);
+        {
+          const testing::ScopedSwitch head_clusters(pg::head_clusters, pg::set_head_clusters, true);
+          check_long_context_projected(dtype, with_addend, d);
+        }
+        const testing::ScopedSwitch splits(pg::head_clusters, pg::set_head_clusters, false);
         check_long_context_projected(dtype, with_addend, d);
       }
 #endif
@@ -495,15 +511,18 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
                                        true, 256, d, "four tokens");
   }
 #ifdef MICROLLM_WITH_CUDA
-  // {bf16, f16} x 2 addends x (4 short cases + 5 long ones with clusters + the same 5 without), 3 of the long ones
-  // in a token's cluster (a 4,096-key graph's slices are past one chunk, R1's o_weight past the budgets): a silent
-  // fallback would pass the comparisons above without testing the kernels. (Not where MICROLLM_ATTENTION_O_REPLICAS
-  // forces a replica count: tools/gpu/run.sh's tests step runs this test so, and R1's rows fit no single replica.)
-  // (MICROLLM_ATTENTION_CLUSTER=0 leaves the token's cluster out of both runs.)
+  // {bf16, f16} x 2 addends x (4 short cases + 8 long ones in each of the three runs), every one fused: a silent
+  // fallback would pass the comparisons above without testing the kernels. Of the long ones, the three up to 2,048
+  // keys take a token's cluster as the switches are; head clusters take one token only, so the two 4,096-key graphs
+  // of one token as the switches are, and with token clusters off the 1,500-key token too; the rest (two tokens or
+  // a padding row, R1's o_weight past the clusters' budgets) take the splits. (Not where
+  // MICROLLM_ATTENTION_O_REPLICAS forces a replica count: tools/gpu/run.sh's tests step runs this test so, and
+  // R1's rows fit no single replica.)
   if (d.is_cuda() && std::getenv("MICROLLM_ATTENTION_O_REPLICAS") == nullptr) {
-    EXPECT_EQ(cuda_kernels::paged::projected_launches() - launches_before, 4 * 14);
-    EXPECT_EQ(cuda_kernels::paged::token_cluster_launches() - clusters_before,
-              cuda_kernels::paged::token_clusters() ? 4 * 3 : 0);
+    const bool token = pg::token_clusters(), head = pg::head_clusters();
+    EXPECT_EQ(pg::projected_launches() - launches_before, 4 * (4 + 3 * 8));
+    EXPECT_EQ(pg::token_cluster_launches() - clusters_before, token ? 4 * 3 : 0);
+    EXPECT_EQ(pg::head_cluster_launches() - head_clusters_before, 4 * ((head ? (token ? 2 : 3) : 0) + 3));
   }
 #endif
 }

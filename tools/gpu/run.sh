@@ -8,6 +8,8 @@
 #   sanitize         compute-sanitizer memcheck + racecheck (SANITIZE_TOOLS) on the CUDA op suite (SANITIZE_FILTER: a gtest
 #                    filter), memcheck on the runtime and the engine, then sanitize-decode
 #   sanitize-decode  racecheck + synccheck on the decode GEMV's and the paged decode attention's tests
+#   sanitize-projected  memcheck, racecheck, synccheck on the fused decode attention + o projection's test
+#   long-decode-ab   Qwen2.5-0.5B long-context workloads: head clusters on / off, token clusters on / off
 #   sanitize-flash   memcheck + racecheck + synccheck on the Hopper flash attention forward's test (its TMA ring,
 #                    mbarriers and the consumers' named barriers), bf16
 #   bench            benchmarks/cuda_vs_torch.py (ops vs torch, same run)
@@ -111,6 +113,36 @@ step_sanitize_decode() {
   tests+=':Dtypes/PagedAttentionCudaTest.DecodeAttentionMatchesTheCpu/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.QwenAndR1DecodeShapes/cuda_bf16'
   for tool in racecheck synccheck; do sanitize_run "decode_$tool" "$tool" ops_tests "$tests" 200; done
+}
+
+# The fused decode attention + o projection past one split (paged_token_cluster_kernel, both cluster shapes; the
+# splits and their projected merge): distributed shared memory, cluster barriers, the head clusters' counters.
+step_sanitize_projected() {
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    sanitize_run "projected_$tool" "$tool" ops_tests '*DecodeAttentionProjected*/cuda*' 400
+  done
+}
+
+# Long-context decode on Qwen2.5-0.5B: head clusters (a 4,096-key graph's attention and projection in one kernel)
+# against the splits and their merge, alternated twice; then head clusters against a token's cluster up to 2,048
+# keys (MICROLLM_ATTENTION_CLUSTER=0 hands those contexts to head clusters).
+step_long_decode_ab() {
+  local config=tests/fixtures/configs/qwen2.5-0.5b.json pass switch
+  for pass in 1 2; do
+    for switch in MICROLLM_ATTENTION_HEAD_CLUSTER=1 MICROLLM_ATTENTION_HEAD_CLUSTER=0; do
+      echo "== pass $pass, $switch"
+      env $switch timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -r 3 -p 0 -n 0 \
+        --workload ${LONG_DECODE_WORKLOADS:-2048:2:64,2048:1:64,3072:2:64} 2>&1 |
+        tee "$RES/logs/long_decode_${pass}_${switch}.log" | grep -E "pp[0-9]+\+tg"
+    done
+    for switch in MICROLLM_ATTENTION_CLUSTER=1 MICROLLM_ATTENTION_CLUSTER=0; do
+      echo "== pass $pass, $switch"
+      env $switch timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -r 3 -p 0 -n 0 \
+        --workload 1024:2:64,1024:1:64,512:2:64 2>&1 |
+        tee "$RES/logs/mid_decode_${pass}_${switch}.log" | grep -E "pp[0-9]+\+tg"
+    done
+  done
 }
 
 # The Hopper flash forward (attention_flash_fwd_sm90.cu): a producer warpgroup, mbarriers and named barriers.
@@ -381,6 +413,8 @@ for step in "${steps[@]}"; do
     sanitize) step_sanitize ;;
     sanitize-decode) step_sanitize_decode ;;
     sanitize-flash) step_sanitize_flash ;;
+    sanitize-projected) step_sanitize_projected ;;
+    long-decode-ab) step_long_decode_ab ;;
     bench) step_bench ;;
     oracle) step_oracle_tokenizer; step_oracle_train; step_oracle_models ;;
     oracle-tokenizer) step_oracle_tokenizer ;;

@@ -208,15 +208,18 @@ bool projection_fused() {
 //   2,045 / 2,040 tok/s (4 replicas, 28 KB), 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032 (8 replicas,
 //   14 KB); forced 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
+// Head clusters (launch_head_clusters) pass the rows' length in elements (a kv head's part of o_in) and their
+// clusters a token, which compute the same columns.
 int64_t plan_projection(PagedArgs& a, int64_t tokens, int64_t element_bytes, int64_t max_ctas, int64_t cluster_ctas,
-                        int64_t staged_budget = kMaxStagedProjection) {
+                        int64_t staged_budget = kMaxStagedProjection, int64_t row_elements = 0,
+                        int64_t clusters_a_token = 1) {
   static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
-  const int64_t row_bytes = int64_t{a.o_in} * element_bytes;
+  const int64_t row_bytes = (row_elements > 0 ? row_elements : int64_t{a.o_in}) * element_bytes;
   auto cols_for = [&](int64_t r) { return (a.hidden + cluster_ctas * r - 1) / (cluster_ctas * r); };
   int replicas = forced;
   if (replicas == 0) {
     replicas = 1;
-    for (int r = 2; r <= kMaxReplicas && tokens * cluster_ctas * r <= max_ctas; ++r) {
+    for (int r = 2; r <= kMaxReplicas && tokens * clusters_a_token * cluster_ctas * r <= max_ctas; ++r) {
       if (cols_for(r) * row_bytes <= staged_budget) replicas = r;
     }
   }
@@ -372,6 +375,98 @@ bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int
   return true;
 }
 
+std::atomic<int64_t> g_head_cluster_launches{0};
+
+// MICROLLM_ATTENTION_HEAD_CLUSTER=0 (read once) or set_head_clusters(false) keeps launch_head_clusters out: an A/B
+// switch.
+std::atomic<bool>& head_clusters_flag() {
+  static std::atomic<bool> flag{detail::switch_from_environment("MICROLLM_ATTENTION_HEAD_CLUSTER")};
+  return flag;
+}
+
+// The head clusters' arrival counters: kMaxArrivalCounters ints per (device, stream), zero between launches (the
+// last arrival at each resets it), so that kernels on two streams never count on the same ones. Allocated and
+// zeroed on first use, which may be inside a stream capture (relaxed mode: cudaMalloc and a private stream's
+// memset are allowed there and are not captured). Never freed: a few hundred bytes a stream.
+constexpr int64_t kMaxArrivalCounters = kMaxProjectedTokens * kMaxClusterCtas * kMaxReplicas;
+int* arrival_counters(int device, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  const std::lock_guard<std::mutex> lock(mutex);
+  int*& slot = counters[{device, stream}];
+  if (slot == nullptr) {
+    const detail::CudaDeviceGuard guard(device);
+    void* p = nullptr;
+    MICROLLM_CUDA_CHECK(cudaMalloc(&p, kMaxArrivalCounters * sizeof(int)));
+    cudaStream_t zeroing = nullptr;
+    MICROLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+    MICROLLM_CUDA_CHECK(cudaMemsetAsync(p, 0, kMaxArrivalCounters * sizeof(int), zeroing));
+    MICROLLM_CUDA_CHECK(cudaStreamSynchronize(zeroing));
+    MICROLLM_CUDA_CHECK(cudaStreamDestroy(zeroing));
+    slot = static_cast<int*>(p);
+  }
+  return slot;
+}
+
+// paged_decode_attention_projected past a token's cluster (launch_token_cluster declined: a slice of max_context past
+// one chunk, e.g. a 4,096-key graph with 2 kv heads) in one kernel: paged_token_cluster_kernel with kHeadClusters,
+// clusters of kMaxClusterCtas slices of one kv head, kv_heads clusters a token, each projecting its heads' part of
+// the input and the last of them to arrive summing the parts (merge_partial_columns). At most kMaxHeadClusterTokens
+// tokens, at least 2 kv heads (one kv head is a token's cluster), a GQA group within a CTA's rows and a CTA for each
+// of the group's query heads, and a slice within one chunk: up to 4,096 keys. Replicas (plan_projection) within half
+// the SMs, as launch_token_cluster's. Returns false, having launched nothing, anywhere else.
+// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 19:50-20:05 UTC, against the splits and their projected merge
+// in the same calls, two passes each; docs/perf/inference.md): one token, 2048:1:64 1,151-1,152 -> 1,200-1,203 tok/s
+// (4.4%); two tokens (kernel and tests allow them, the policy does not) 2048:2:64 2,087-2,091 -> 2,057-2,070 (with
+// o_weight's rows staged: 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's
+// cluster takes the context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298).
+constexpr int64_t kMaxHeadClusterTokens = 1;
+template <typename T>
+bool launch_head_clusters(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
+                          cudaStream_t stream) {
+  constexpr int R = kRowsPerCta;
+  const int device = dev.index;
+  if (!projection_fused() || !head_clusters_flag().load(std::memory_order_relaxed) || compute_capability(device) < 90 ||
+      tokens > kMaxHeadClusterTokens || a.group > R || a.kv_heads < 2 ||
+      one_head_per_cta(a, tokens, max_context, sms)) {
+    return false;
+  }
+  const int slices = kMaxClusterCtas;
+  if (slices < a.group) return false;  // CTA h merges query head h of its kv head
+  const int64_t chunk = ((max_context + slices - 1) / slices + 31) / 32 * 32;
+  if (chunk > kMaxChunk) return false;
+  a.slices = slices;
+  // x_len: a kv head's part of o_in, the projection's input in a cluster.
+  const int64_t x_len = int64_t{a.group} * a.dim;
+  const size_t regions_bytes = size_staged<T, R>(a, chunk) + R * a.dim * sizeof(float);  // and o's sums, po
+  const int64_t proj_offset = static_cast<int64_t>(regions_bytes + 15) / 16 * 16;
+  const int64_t heads_bytes = (a.dim + x_len) * static_cast<int64_t>(sizeof(T));
+  const int64_t room = max_shared_memory_optin(device) - proj_offset - heads_bytes;
+  if (room < 0) return false;
+  const int64_t staged =
+      plan_projection(a, tokens, sizeof(T), sms / 2, slices, std::min(room, kMaxStagedProjection), x_len, a.kv_heads);
+  if (staged < 0 || a.o_cols > 32 * kStagedWarps) return false;  // project_rows: a lane a row
+  if (tokens * slices * a.replicas > kMaxArrivalCounters) return false;
+  a.proj_offset = static_cast<int>(proj_offset);
+  const size_t smem = static_cast<size_t>(proj_offset + heads_bytes + staged);
+  void (*kernel)(PagedArgs, RopeFreq) = nullptr;
+  with_head_dim(a.dim, [&]<int kDim>() {
+    kernel = staged > 0 ? paged_token_cluster_kernel<T, R, kDim, true, true>
+                        : paged_token_cluster_kernel<T, R, kDim, false, true>;
+  });
+  if (!clusters_fit(kernel, device, static_cast<unsigned>(slices), smem)) return false;
+  const OpScope scope("paged_decode_attention_projected", device, stream);
+  const Tensor partial = Tensor::empty({tokens * a.kv_heads * a.hidden}, DType::f32, dev);
+  a.proj_partial = partial.data<float>();
+  a.proj_counters = arrival_counters(device, stream);
+  const dim3 grid(static_cast<unsigned>(tokens * a.kv_heads * slices), static_cast<unsigned>(a.replicas));
+  launch_chained_in_clusters(static_cast<unsigned>(slices), kernel, grid, kStagedThreads, smem, stream, device, a,
+                             freq);
+  g_projected_launches.fetch_add(1, std::memory_order_relaxed);
+  g_head_cluster_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // The arguments every attention kernel reads.
 PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                          const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
@@ -428,6 +523,9 @@ int64_t projected_launches() { return g_projected_launches.load(std::memory_orde
 int64_t token_cluster_launches() { return g_token_cluster_launches.load(std::memory_order_relaxed); }
 bool token_clusters() { return token_clusters_flag().load(std::memory_order_relaxed); }
 void set_token_clusters(bool enabled) { token_clusters_flag().store(enabled, std::memory_order_relaxed); }
+int64_t head_cluster_launches() { return g_head_cluster_launches.load(std::memory_order_relaxed); }
+bool head_clusters() { return head_clusters_flag().load(std::memory_order_relaxed); }
+void set_head_clusters(bool enabled) { head_clusters_flag().store(enabled, std::memory_order_relaxed); }
 
 }  // namespace cuda_kernels::paged
 
@@ -520,10 +618,12 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
       launched =
           pg::launch_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
           pg::launch_token_cluster<__nv_bfloat16>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+          pg::launch_head_clusters<__nv_bfloat16>(a, freq, tokens, max_context, sms, out.device(), launch.stream) ||
           pg::launch_split_projected<__nv_bfloat16>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     } else {
       launched = pg::launch_projected<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
                  pg::launch_token_cluster<__half>(a, freq, tokens, max_context, sms, launch.device, launch.stream) ||
+                 pg::launch_head_clusters<__half>(a, freq, tokens, max_context, sms, out.device(), launch.stream) ||
                  pg::launch_split_projected<__half>(a, freq, tokens, max_context, sms, out.device(), launch.stream);
     }
     if (launched) return;

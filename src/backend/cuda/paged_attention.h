@@ -15,5 +15,10 @@ int64_t token_cluster_launches();
 // default); set_token_clusters overrides it process-wide (tests run both paths).
 bool token_clusters();
 void set_token_clusters(bool enabled);
+// How many ran as head clusters (paged_token_cluster_kernel's kHeadClusters: a kv head's slices a cluster, e.g. a
+// 4,096-key graph), and the switch for them (MICROLLM_ATTENTION_HEAD_CLUSTER, on by default), as above.
+int64_t head_cluster_launches();
+bool head_clusters();
+void set_head_clusters(bool enabled);
 
 }  // namespace microllm::cuda_kernels::paged

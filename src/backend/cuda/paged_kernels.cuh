@@ -106,8 +106,13 @@ struct PagedArgs {
   void* proj_out;      // [N, hidden] contiguous
   int hidden, o_in, o_cols, replicas;
   int proj_offset;  // bytes of shared memory before the projection's region (16-byte aligned)
-  // paged_token_cluster_kernel: each kv head's keys in `slices` slices, one CTA each (clusters of kv_heads x slices).
+  // paged_token_cluster_kernel: each kv head's keys in `slices` slices, one CTA each (clusters of kv_heads x slices,
+  // or with kHeadClusters of slices, kv_heads clusters a token).
   int slices;
+  // kHeadClusters: each kv head's part of the projection, [N][kv_heads][hidden] f32, and an arrival counter a
+  // column block (token, replica, rank), zero between launches (paged_attention.cu: arrival_counters).
+  float* proj_partial;
+  int* proj_counters;
 };
 
 // Token n's sequence, its position and how many of its keys to attend to (0: padding or a bad seq id ->
@@ -453,9 +458,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0();
     // From shared memory a row at a time; from L2 eight rows' loads in flight.
     if constexpr (kRowsStaged)
-      project_rows<1, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, first_addend, out);
+      project_rows<1, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, rounded_store(out, first_addend));
     else
-      project_rows<8, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in, first_addend, out);
+      project_rows<8, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in,
+                                    rounded_store(out, first_addend));
     cluster_wait();  // no CTA leaves while another may still read its shared memory
   }
 }
@@ -525,10 +531,16 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
 // every cluster barrier.
 // Why: past one split the attention was two kernels (the splits, then their merge and the projection), and the
 // second waited for the whole grid of the first.
+// kHeadClusters (launch_head_clusters): a cluster holds ONE kv head's slices (twice the slices of a token's cluster
+// with 2 kv heads, so a 4,096-key graph's slices still fit one chunk), and a token has kv_heads clusters (grid x:
+// token, kv head, rank). CTA c < group merges query head c of its kv head; the cluster projects its heads' part of
+// the input, x [group * D], onto the CTA's columns (partial sums, f32, to a.proj_partial), and the last of the
+// token's kv_heads clusters to arrive at a column block's counter adds the parts in kv-head order and the addend
+// (merge_partial_columns): deterministic whichever arrives last.
 // Shared memory: paged_staged_kernel's (sk, sv, red; sq [R][D], sc [R][chunk], sm, sl [R]), then o's sums
-// po [R][D] f32, then bad [chunk]; from proj_offset the head [D], the token's heads [o_in] and (kRowsStaged) the
-// CTA's o_weight rows [o_cols][o_in].
-template <typename T, int R, int kDim, bool kRowsStaged>
+// po [R][D] f32, then bad [chunk]; from proj_offset the head [D], the cluster's heads [x_len] and (kRowsStaged) the
+// CTA's o_weight rows [o_cols][x_len].
+template <typename T, int R, int kDim, bool kRowsStaged, bool kHeadClusters = false>
 __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(const PagedArgs a, const RopeFreq freq) {
   namespace cg = cooperative_groups;
   extern __shared__ __align__(16) unsigned char cluster_smem[];
@@ -544,35 +556,40 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
   int* bad = reinterpret_cast<int*>(po + R * D);
   T* head = reinterpret_cast<T*>(cluster_smem + a.proj_offset);
   T* x_full = head + D;
-  T* w_rows = x_full + a.o_in;
+  // The projection's input: every query head of the token, or (kHeadClusters) those of the cluster's kv head.
+  const int x_len = kHeadClusters ? a.group * D : a.o_in;
+  T* w_rows = x_full + x_len;
 
-  const int ctas = a.kv_heads * a.slices, rank = static_cast<int>(blockIdx.x) % ctas;
-  const int64_t n = blockIdx.x / ctas;
-  const int hk = rank / a.slices, slice = rank % a.slices, nr = a.group;
+  const int ctas = kHeadClusters ? a.slices : a.kv_heads * a.slices, rank = static_cast<int>(blockIdx.x) % ctas;
+  const int64_t cluster_id = blockIdx.x / ctas;
+  const int64_t n = kHeadClusters ? cluster_id / a.kv_heads : cluster_id;
+  const int hk = kHeadClusters ? static_cast<int>(cluster_id % a.kv_heads) : rank / a.slices;
+  const int slice = rank % a.slices, nr = a.group;
   const bool first_replica = blockIdx.y == 0;  // writes the pools
   const int tid = threadIdx.x;
-  const Token tok = resolve(a, n, rank == 0 && tid == 0 && first_replica);
+  const Token tok = resolve(a, n, rank == 0 && (!kHeadClusters || hk == 0) && tid == 0 && first_replica);
   const int span = (tok.len + a.slices - 1) / a.slices;  // <= chunk, as len <= max_context
   const int c0 = slice * span, nk = max(0, min(span, tok.len - c0));
   const bool holds_new = nk > 0 && tok.pos < c0 + nk;  // the token's own key and value: the slice's last
   const int from_pool = holds_new ? nk - 1 : nk;
 
   // Before the wait (no kernel of the step writes them; paged_staged_kernel's comment): the slice's cached rows, and
-  // the CTA's rows of o_weight to shared memory or for L2.
+  // the CTA's rows of o_weight (their part for this kv head's inputs) to shared memory or for L2.
   stage_key_rows(a, tok.seq, hk, c0, from_pool, D, pitch, sk, sv, bad, hk == 0 && first_replica);
   const int col0 = projected_col0(ctas, a.o_cols), cols = projected_cols(ctas, a.o_cols, a.hidden);
-  const T* o_rows = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride;
+  const T* o_rows = static_cast<const T*>(a.o_weight) + static_cast<int64_t>(col0) * a.o_weight_stride +
+                    (kHeadClusters ? hk * x_len : 0);
   if constexpr (kRowsStaged) {
-    const int packs = a.o_in / 8;
+    const int packs = x_len / 8;
     for (int p = tid; p < cols * packs; p += kStagedThreads) {
       copy16_async(w_rows + p * 8, o_rows + static_cast<int64_t>(p / packs) * a.o_weight_stride + p % packs * 8);
     }
   } else if (tid < cols) {
-    prefetch_l2(o_rows + static_cast<int64_t>(tid) * a.o_weight_stride, static_cast<unsigned>(a.o_in * sizeof(T)));
+    prefetch_l2(o_rows + static_cast<int64_t>(tid) * a.o_weight_stride, static_cast<unsigned>(x_len * sizeof(T)));
   }
   wait_for_prior_grids();  // q, k, v and the addend come from the kernels before
   chain_next_grids();
-  const int lane = tid % 32, j = tid / 32 + lane * kStagedWarps;  // project_rows: this warp's lane-th row
+  const int j = stored_row<kStagedWarps>();  // project_rows: this thread's row
   const float first_addend =
       a.addend && j < cols ? to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]) : 0.f;
   const T* q = static_cast<const T*>(a.q) + n * a.q_stride[0] + hk * a.group * a.q_stride[1];
@@ -589,10 +606,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
   }
   cluster_arrive();
   cluster_wait();  // every slice's (m, l, o) is in place
-  // Query head `rank`: row rank % group of kv head rank / group.
-  if (rank < a.q_heads && tid < D) {
+  // Query head `rank` of the token (row rank % group of kv head rank / group), or of the cluster's kv head.
+  if (rank < (kHeadClusters ? a.group : a.q_heads) && tid < D) {
     const cg::cluster_group cluster = cg::this_cluster();
-    const int first = rank / a.group * a.slices, r = rank % a.group;
+    const int first = kHeadClusters ? 0 : rank / a.group * a.slices, r = rank % a.group;
     float mx = -INFINITY;
     for (int s = 0; s < a.slices; ++s) mx = fmaxf(mx, cluster.map_shared_rank(sm, first + s)[r]);
     float sum = 0.f, o = 0.f;
@@ -604,9 +621,20 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
     }
     head[tid] = from_acc<T>(sum > 0.f ? o / sum : 0.f);
   }
-  exchange_and_project<kStagedThreads, kRowsStaged>(head, x_full, a.o_in, D, kRowsStaged ? w_rows : o_rows,
-                                                    kRowsStaged ? a.o_in : a.o_weight_stride, cols, first_addend,
-                                                    static_cast<T*>(a.proj_out) + n * a.hidden + col0);
+  const T* w = kRowsStaged ? w_rows : o_rows;
+  const int64_t w_stride = kRowsStaged ? x_len : a.o_weight_stride;
+  T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0;
+  if constexpr (kHeadClusters) {
+    float* partial = a.proj_partial + n * a.kv_heads * a.hidden + col0;  // [kv_heads][hidden] of token n
+    exchange_and_project<kStagedThreads, kRowsStaged>(head, x_full, x_len, D, w, w_stride, cols,
+                                                      [&](int jj, float sum) { partial[hk * a.hidden + jj] = sum; });
+    const int block = static_cast<int>((n * gridDim.y + blockIdx.y) * ctas + rank);  // the column block's counter
+    merge_partial_columns<kStagedWarps>(partial, a.hidden, a.kv_heads, cols, a.proj_counters + block, first_addend,
+                                        out);
+  } else {
+    exchange_and_project<kStagedThreads, kRowsStaged>(head, x_full, x_len, D, w, w_stride, cols,
+                                                      rounded_store(out, first_addend));
+  }
 }
 
 // Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an

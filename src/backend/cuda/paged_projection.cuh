@@ -65,14 +65,14 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
   return s;
 }
 
-// out[j] = round(first_addend of row j + x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in
-// elements (in shared memory, or global memory that the kernel's start put in L2), x [o_in] in shared memory.
-// Warp w of kWarps (blockDim.x / 32) owns rows w, w + kWarps, ..., kRows at a time with two 16-byte loads each in
-// flight per lane (8 hide L2's latency; 1 keeps the registers of a kernel whose rows are in shared memory), f32 sums
-// reduced across the warp; lane i writes the warp's i-th row, so first_addend (the addend of that row, or 0) is lane
-// i's: it was loaded while the attention ran.
-template <int kRows, int kWarps, typename T>
-__device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, float first_addend, T* out) {
+// store(j, x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in elements (in shared memory, or global
+// memory that the kernel's start put in L2), x [o_in] in shared memory. Warp w of kWarps (blockDim.x / 32) owns rows
+// w, w + kWarps, ..., kRows at a time with two 16-byte loads each in flight per lane (8 hide L2's latency; 1 keeps
+// the registers of a kernel whose rows are in shared memory), f32 sums reduced across the warp; lane i stores the
+// warp's i-th row, so what store adds for row j (the addend: rounded_store) is lane i's, loaded while the
+// attention ran.
+template <int kRows, int kWarps, typename T, typename Store>
+__device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, Store store) {
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int packs = o_in / 8;
   for (int i0 = 0; warp + i0 * kWarps < cols; i0 += kRows) {
@@ -102,9 +102,23 @@ __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols,
     for (int r = 0; r < kRows; ++r) {
       const float sum = warp_sum(acc[r]);
       const int i = i0 + r, j = warp + i * kWarps;
-      if (lane == i && j < cols) out[j] = from_acc<T>(sum + first_addend);
+      if (lane == i && j < cols) store(j, sum);
     }
   }
+}
+
+// project_rows' store for a whole product: out[j] = round(first_addend + sum), the addend of row j (or 0) held by
+// the lane that stores row j (linear_add's one rounding).
+template <typename T>
+__device__ __forceinline__ auto rounded_store(T* out, float first_addend) {
+  return [=](int j, float sum) { out[j] = from_acc<T>(sum + first_addend); };
+}
+
+// The warp-lane mapping of project_rows' stores: thread tid stores row tid / 32 + (tid % 32) * kWarps, the row
+// whose addend it loads before the attention (first_addend).
+template <int kWarps>
+__device__ __forceinline__ int stored_row() {
+  return static_cast<int>(threadIdx.x) / 32 + static_cast<int>(threadIdx.x) % 32 * kWarps;
 }
 
 // Once every CTA of the cluster with a query head (rank h: head h) has its head's output in `head` [dim]: the
@@ -112,9 +126,9 @@ __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols,
 // the one rounding. kRowsStaged: rows w are in shared memory (w_stride = o_in), copied with cp.async before the
 // kernel's wait, each thread waiting for its own copies here; else streamed through L2 (a fill started before the
 // wait). Every thread of every CTA of the cluster calls it.
-template <int kThreads, bool kRowsStaged, typename T>
+template <int kThreads, bool kRowsStaged, typename T, typename Store>
 __device__ void exchange_and_project(const T* head, T* x, int o_in, int dim, const T* w, int64_t w_stride, int cols,
-                                     float first_addend, T* out) {
+                                     Store store) {
   cluster_arrive();
   cluster_wait();  // every CTA of the token has its head
   gather_heads<kThreads>(head, x, o_in, dim);
@@ -122,10 +136,35 @@ __device__ void exchange_and_project(const T* head, T* x, int o_in, int dim, con
   if constexpr (kRowsStaged) copy_async_wait_all();  // the barrier below shows every thread's rows to all
   __syncthreads();
   if constexpr (kRowsStaged)  // from shared memory a row at a time; from L2 eight rows' loads in flight
-    project_rows<1, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
+    project_rows<1, kThreads / 32>(x, w, w_stride, cols, o_in, store);
   else
-    project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, first_addend, out);
+    project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, store);
   cluster_wait();  // no CTA leaves while another may still read its shared memory
+}
+
+// Head clusters (paged_token_cluster_kernel's kHeadClusters): kv_heads clusters each left their part of the CTA's
+// `cols` columns in partial [kv_heads][hidden] (from the column block's first column, f32, kv head h's at
+// h * hidden). Each CTA counts itself on its column block's counter; the last of the kv_heads to arrive writes
+// out[j] = round(first_addend + sum over h in order of partial[h][j]) (the sum's order is fixed, so the bits do not
+// depend on which arrives last) and puts the counter back to zero for the next launch. Nobody waits: a cluster
+// that arrives early just exits. Every thread of the CTA calls it, after its stores to partial.
+template <int kWarps, typename T>
+__device__ void merge_partial_columns(const float* partial, int hidden, int kv_heads, int cols, int* counter,
+                                      float first_addend, T* out) {
+  __threadfence();  // this thread's partial sums reach every SM before the CTA's arrival is counted
+  __syncthreads();
+  // (A barrier that also hands thread 0's answer to all: no static shared memory, which would lower the kernel's
+  // dynamic limit below the opt-in that the launch code assumes.)
+  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(counter, 1) == kv_heads - 1);
+  if (!last) return;
+  __threadfence();                     // the other clusters' sums, counted before this arrival, are read after it
+  const int j = stored_row<kWarps>();  // the row whose addend this thread holds
+  if (j < cols) {
+    float sum = 0.f;
+    for (int h = 0; h < kv_heads; ++h) sum += __ldcg(partial + static_cast<int64_t>(h) * hidden + j);  // not L1
+    out[j] = from_acc<T>(sum + first_addend);
+  }
+  if (threadIdx.x == 0) *counter = 0;
 }
 
 // Past one split (a long context) the projection follows the combine instead: clusters of a token's query heads,
@@ -137,7 +176,7 @@ __device__ void combine_and_project(const float* m, const float* l, const float*
                                     float* w_scratch, int n_split, T* head, T* x, int o_in, const T* w,
                                     int64_t w_stride, int cols, float first_addend, T* out) {
   decode_phases::combine_row(m, l, part_o, used, dim, w_scratch, w_scratch + n_split, head);  // ends with a barrier
-  exchange_and_project<kThreads, kRowsStaged>(head, x, o_in, dim, w, w_stride, cols, first_addend, out);
+  exchange_and_project<kThreads, kRowsStaged>(head, x, o_in, dim, w, w_stride, cols, rounded_store(out, first_addend));
 }
 
 }  // namespace microllm::cuda_kernels::paged
