@@ -34,8 +34,10 @@
 // batch 1 four clusters a token each compute the attention and a quarter of the columns). Past one split (a
 // longer context) up to 2,048 keys (for 2 kv heads), a token's whole attention and its projection run in one
 // cluster of kv heads x slices CTAs (paged_token_cluster_kernel: each CTA one slice of the keys for a kv head's
-// query heads, the slices merged through the cluster's shared memory). Past that, or where its budgets do not
-// hold, the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a token's
+// query heads, the slices merged through the cluster's shared memory). One token past that, up to 4,096 keys, runs
+// in kv_heads clusters of one kv head's 16 slices each (its kHeadClusters: each cluster projects its heads' part of
+// the input, and the last to arrive at a column block's counter adds the parts). Past those, or where their budgets
+// do not hold, the combine kernel does the projection instead (paged_combine_projected_kernel): clusters of a token's
 // query heads, replicated like kProject's but repeating only the merge of the splits (up to 8 clusters a token
 // within the SMs, rows in shared memory; one cluster streaming rows through L2 where 64 KB a CTA cannot hold
 // them); elsewhere the o GEMV runs after the attention.
