@@ -387,7 +387,9 @@ std::atomic<bool>& head_clusters_flag() {
 // The head clusters' arrival counters: kMaxArrivalCounters ints per (device, stream), zero between launches (the
 // last arrival at each resets it), so that kernels on two streams never count on the same ones. Allocated and
 // zeroed on first use, which may be inside a stream capture (relaxed mode: cudaMalloc and a private stream's
-// memset are allowed there and are not captured). Never freed: a few hundred bytes a stream.
+// memset are allowed there and are not captured). Never freed: a few hundred bytes a stream. A captured graph's
+// launches keep the counters of the stream it was captured on: replaying it on another stream while that stream
+// runs this kernel too would share them (the engine replays its graphs on their capture stream).
 constexpr int64_t kMaxArrivalCounters = kMaxProjectedTokens * kMaxClusterCtas * kMaxReplicas;
 int* arrival_counters(int device, cudaStream_t stream) {
   static std::mutex mutex;
@@ -420,6 +422,8 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // (4.4%); two tokens (kernel and tests allow them, the policy does not) 2048:2:64 2,087-2,091 -> 2,057-2,070 (with
 // o_weight's rows staged: 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's
 // cluster takes the context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298).
+// R1-Distill-1.5B's rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or
+// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 20:35 UTC).
 constexpr int64_t kMaxHeadClusterTokens = 1;
 template <typename T>
 bool launch_head_clusters(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
