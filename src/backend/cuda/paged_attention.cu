@@ -417,13 +417,13 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // tokens, at least 2 kv heads (one kv head is a token's cluster), a GQA group within a CTA's rows and a CTA for each
 // of the group's query heads, and a slice within one chunk: up to 4,096 keys. Replicas (plan_projection) within half
 // the SMs, as launch_token_cluster's. Returns false, having launched nothing, anywhere else.
-// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 19:50-20:05 UTC, against the splits and their projected merge
+// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 18:55-19:05 UTC, against the splits and their projected merge
 // in the same calls, two passes each; docs/perf/inference.md): one token, 2048:1:64 1,151-1,152 -> 1,200-1,203 tok/s
 // (4.4%); two tokens (kernel and tests allow them, the policy does not) 2048:2:64 2,087-2,091 -> 2,057-2,070 (with
 // o_weight's rows staged: 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's
 // cluster takes the context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298).
 // R1-Distill-1.5B's rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or
-// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 20:35 UTC).
+// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC).
 constexpr int64_t kMaxHeadClusterTokens = 1;
 template <typename T>
 bool launch_head_clusters(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
