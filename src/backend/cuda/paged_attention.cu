@@ -338,7 +338,8 @@ std::atomic<bool>& token_clusters_flag() {
 // Why not longer contexts (measured in the model, docs/perf/inference.md): a slice of a 4,096-key graph staged whole
 // (197 KB a CTA) lost to the splits (1,601 against 2,039 tok/s at 2048:2:64), and so did slices in passes of 256 or
 // 128 keys with an online softmax between them (1,746 and 1,757 against 2,060): a CTA's 8 query heads over a few
-// hundred keys on the CUDA cores take longer than the splits' 128 keys over twice the SMs.
+// hundred keys on the CUDA cores take longer than the splits' 128 keys over twice the SMs. (One token past 2,048 keys
+// takes head clusters instead, a cluster a kv head: launch_head_clusters.)
 template <typename T>
 bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
                           cudaStream_t stream) {
