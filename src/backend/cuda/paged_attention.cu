@@ -424,7 +424,8 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // o_weight's rows staged: 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's
 // cluster takes the context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298).
 // R1-Distill-1.5B's rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or
-// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC).
+// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC). Two tokens again at 22:35-22:42 UTC on two
+// other machines: 2048:2:64 +1.5% on one, -0.8% on the other, so the policy stays at one.
 constexpr int64_t kMaxHeadClusterTokens = 1;
 template <typename T>
 bool launch_head_clusters(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
