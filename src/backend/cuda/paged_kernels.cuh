@@ -458,12 +458,12 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     cluster_arrive();  // done reading the others' head_out; they may exit once all have arrived
     __syncthreads();
     T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0();
-    // From shared memory a row at a time; from L2 eight rows' loads in flight.
     if constexpr (kRowsStaged)
-      project_rows<1, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, rounded_store(out, first_addend));
+      project_rows<kStagedRowsAtOnce, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in,
+                                                    rounded_store(out, first_addend));
     else
-      project_rows<8, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in,
-                                    rounded_store(out, first_addend));
+      project_rows<kL2RowsAtOnce, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in,
+                                                rounded_store(out, first_addend));
     cluster_wait();  // no CTA leaves while another may still read its shared memory
   }
 }

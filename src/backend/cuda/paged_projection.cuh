@@ -65,12 +65,17 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
   return s;
 }
 
+// Rows a warp of project_rows works on at once: from L2, enough loads in flight to hide its latency; from shared
+// memory, enough rows that their warp reductions overlap (one at a time, each row's five dependent shuffles were the
+// warp's critical path: 2026-12-01 22:35 UTC, docs/perf/inference.md).
+constexpr int kL2RowsAtOnce = 8;
+constexpr int kStagedRowsAtOnce = 4;
+
 // store(j, x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in elements (in shared memory, or global
 // memory that the kernel's start put in L2), x [o_in] in shared memory. Warp w of kWarps (blockDim.x / 32) owns rows
-// w, w + kWarps, ..., kRows at a time with two 16-byte loads each in flight per lane (8 hide L2's latency; 1 keeps
-// the registers of a kernel whose rows are in shared memory), f32 sums reduced across the warp; lane i stores the
-// warp's i-th row, so what store adds for row j (the addend: rounded_store) is lane i's, loaded while the
-// attention ran.
+// w, w + kWarps, ..., kRows at a time with two 16-byte loads each in flight per lane, f32 sums reduced across the
+// warp; lane i stores the warp's i-th row, so what store adds for row j (the addend: rounded_store) is lane i's,
+// loaded while the attention ran. A row's sum is the same whatever kRows is.
 template <int kRows, int kWarps, typename T, typename Store>
 __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, Store store) {
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
@@ -135,10 +140,10 @@ __device__ void exchange_and_project(const T* head, T* x, int o_in, int dim, con
   cluster_arrive();  // done reading the others' heads; they may exit once all have arrived
   if constexpr (kRowsStaged) copy_async_wait_all();  // the barrier below shows every thread's rows to all
   __syncthreads();
-  if constexpr (kRowsStaged)  // from shared memory a row at a time; from L2 eight rows' loads in flight
-    project_rows<1, kThreads / 32>(x, w, w_stride, cols, o_in, store);
+  if constexpr (kRowsStaged)
+    project_rows<kStagedRowsAtOnce, kThreads / 32>(x, w, w_stride, cols, o_in, store);
   else
-    project_rows<8, kThreads / 32>(x, w, w_stride, cols, o_in, store);
+    project_rows<kL2RowsAtOnce, kThreads / 32>(x, w, w_stride, cols, o_in, store);
   cluster_wait();  // no CTA leaves while another may still read its shared memory
 }
 
