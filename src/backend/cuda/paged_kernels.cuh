@@ -459,11 +459,10 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
     __syncthreads();
     T* out = static_cast<T*>(a.proj_out) + n * a.hidden + col0();
     if constexpr (kRowsStaged)
-      project_rows<kStagedRowsAtOnce, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in,
-                                                    rounded_store(out, first_addend));
+      project_rows<true, kStagedWarps>(x_full, w_rows, a.o_in, cols(), a.o_in, rounded_store(out, first_addend));
     else
-      project_rows<kL2RowsAtOnce, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in,
-                                                rounded_store(out, first_addend));
+      project_rows<false, kStagedWarps>(x_full, o_rows(), a.o_weight_stride, cols(), a.o_in,
+                                        rounded_store(out, first_addend));
     cluster_wait();  // no CTA leaves while another may still read its shared memory
   }
 }

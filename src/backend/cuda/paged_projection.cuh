@@ -65,19 +65,17 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
   return s;
 }
 
-// Rows a warp of project_rows works on at once: from L2, enough loads in flight to hide its latency; from shared
-// memory, enough rows that their warp reductions overlap (one at a time, each row's five dependent shuffles were the
-// warp's critical path: 2026-12-01 22:35 UTC, docs/perf/inference.md).
-constexpr int kL2RowsAtOnce = 8;
-constexpr int kStagedRowsAtOnce = 4;
-
-// store(j, x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in elements (in shared memory, or global
-// memory that the kernel's start put in L2), x [o_in] in shared memory. Warp w of kWarps (blockDim.x / 32) owns rows
-// w, w + kWarps, ..., kRows at a time with two 16-byte loads each in flight per lane, f32 sums reduced across the
-// warp; lane i stores the warp's i-th row, so what store adds for row j (the addend: rounded_store) is lane i's,
-// loaded while the attention ran. A row's sum is the same whatever kRows is.
-template <int kRows, int kWarps, typename T, typename Store>
+// store(j, x . w_j) for the CTA's `cols` rows w_j = w + j * w_stride of o_in elements (kRowsStaged: in shared
+// memory; else global memory that the kernel's start put in L2), x [o_in] in shared memory. Warp w of kWarps
+// (blockDim.x / 32) owns rows w, w + kWarps, ..., kRows at a time with two 16-byte loads each in flight per lane,
+// f32 sums reduced across the warp; lane i stores the warp's i-th row, so what store adds for row j (the addend:
+// rounded_store) is lane i's, loaded while the attention ran. kRows: from L2, 8 rows' loads in flight hide its
+// latency; from shared memory 4 rows, so that their warp reductions overlap (a row at a time, each row's five
+// dependent shuffles were the warp's critical path: +2.8% on Qwen2.5-0.5B's batch-2 decode with 4, 2026-12-01 22:52
+// UTC, docs/perf/inference.md). A row's sum is the same whatever kRows is.
+template <bool kRowsStaged, int kWarps, typename T, typename Store>
 __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, Store store) {
+  constexpr int kRows = kRowsStaged ? 4 : 8;
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int packs = o_in / 8;
   for (int i0 = 0; warp + i0 * kWarps < cols; i0 += kRows) {
@@ -140,10 +138,7 @@ __device__ void exchange_and_project(const T* head, T* x, int o_in, int dim, con
   cluster_arrive();  // done reading the others' heads; they may exit once all have arrived
   if constexpr (kRowsStaged) copy_async_wait_all();  // the barrier below shows every thread's rows to all
   __syncthreads();
-  if constexpr (kRowsStaged)
-    project_rows<kStagedRowsAtOnce, kThreads / 32>(x, w, w_stride, cols, o_in, store);
-  else
-    project_rows<kL2RowsAtOnce, kThreads / 32>(x, w, w_stride, cols, o_in, store);
+  project_rows<kRowsStaged, kThreads / 32>(x, w, w_stride, cols, o_in, store);
   cluster_wait();  // no CTA leaves while another may still read its shared memory
 }
 
