@@ -65,6 +65,8 @@ void run_gemv(const Tensor& x, const Tensor& w, const Tensor& bias, const Poison
   cuda::synchronize(0);
 }
 
+// m <= 2 stages x in shared memory (kMaxStagedPlainRows), m > 2 reads it from global memory: both paths, with
+// the strided x showing a staging that ignored x's row stride.
 TEST_P(DecodeGemvCudaTest, MatchesTheCpuReference) {
   const GemvSetting on(true);
   for (int64_t m : {1, 2, 3, 5, 8}) {

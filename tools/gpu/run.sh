@@ -26,6 +26,8 @@
 #                    VAR=value switches); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
+#   lib-ab           backend libraries built here from other commits (.device/exp/NAME/) against the staged one,
+#                    alternated under microllm bench (LIB_AB_RUNS, LIB_AB_PASSES)
 #   gemm-algos       benchmarks/cublaslt_algos_bench: every cuBLASLt candidate for the models' prefill and training GEMMs
 #                    against the heuristic's first answer (what gemm_tuning.cu chooses among)
 #   persistent-mlp   benchmarks/persistent_mlp_bench: a decode layer's MLP half as one persistent kernel against the
@@ -141,6 +143,35 @@ step_long_decode_ab() {
       env $switch timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -r 3 -p 0 -n 0 \
         --workload 1024:2:64,1024:1:64,512:2:64 2>&1 |
         tee "$RES/logs/mid_decode_${pass}_${switch}.log" | grep -E "pp[0-9]+\+tg"
+    done
+  done
+}
+
+# Backend libraries against each other in one call: .device/lib's libmicrollm_backend.so (as "staged") and every
+# .device/exp/NAME/libmicrollm_backend.so.0[.xz] (built here from another commit; xz keeps the carry small),
+# alternated LIB_AB_PASSES (2) times under `microllm bench -r 3 -p 0` with each of LIB_AB_RUNS ("config|arguments"
+# separated by ";"; default Qwen2.5-0.5B tg128 B1/2/8 and the 2048:2:64, 1024:2:64 workloads, R1-1.5B tg128 B1).
+step_lib_ab() {
+  local name dir pass run config args
+  local -a libs=(staged) runs
+  for dir in .device/exp/*/; do
+    [ -d "$dir" ] || continue
+    [ -f "$dir/libmicrollm_backend.so.0.xz" ] && xz -d -f "$dir/libmicrollm_backend.so.0.xz"
+    [ -f "$dir/libmicrollm_backend.so.0" ] && libs+=("$(basename "$dir")")
+  done
+  IFS=';' read -r -a runs <<< "${LIB_AB_RUNS:-qwen2.5-0.5b|-n 128 -b 1,2,8 --workload 2048:2:64,1024:2:64;deepseek-r1-distill-qwen-1.5b|-n 128 -b 1 --workload none}"
+  for pass in $(seq "${LIB_AB_PASSES:-2}"); do
+    for name in "${libs[@]}"; do
+      local path=$LD_LIBRARY_PATH
+      [ "$name" = staged ] || path="$PWD/.device/exp/$name:$LD_LIBRARY_PATH"
+      for run in "${runs[@]}"; do
+        config=${run%%|*} args=${run#*|}
+        echo "== pass $pass, $name, $config $args"
+        # shellcheck disable=SC2086  # args: words for microllm bench
+        LD_LIBRARY_PATH=$path timeout 300 "$bin/microllm" bench --config "tests/fixtures/configs/$config.json" \
+          --device cuda --dtype bf16 -r 3 -p 0 $args 2>&1 | tee "$RES/logs/lib_ab_${pass}_${name}_${config}.log" |
+          grep -E "tg[0-9]+|pp[0-9]+\+tg"
+      done
     done
   done
 }
@@ -427,6 +458,7 @@ for step in "${steps[@]}"; do
     engine-bench) step_engine_bench ;;
     engine-profile) step_engine_profile ;;
     decode-ab) step_decode_ab ;;
+    lib-ab) step_lib_ab ;;
     prefill-profile) step_prefill_profile ;;
     host-profile) step_host_profile ;;
     gemm-algos) step_gemm_algos ;;

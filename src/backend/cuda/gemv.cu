@@ -22,7 +22,12 @@
 //    the 8 weight rows). The order of k inside a dot product is free, so lane (g, t) = (lane / 4, lane % 4)
 //    loads 8 consecutive elements of weight row g and the same 8 elements of x row g, at k = 32c + 8t of
 //    chunk c: registers 0-1 of each become the k-pairs (2t, 2t+8) of one mma, registers 2-3 of a second.
-//    Two mma per 16-byte weight load whatever m is, and one 16-byte x load (an L1 or shared-memory hit).
+//    Two mma per 16-byte weight load whatever m is, and one 16-byte x load from shared memory: every CTA
+//    stages x there right after its wait, all of a thread's loads in flight at once (copy_packs). Read from
+//    global memory inside the loop, each chunk's mma waited for its own L2 round trip (x is the kernel before's
+//    output): staging the plain products' x (down, and o where it is not fused) took Qwen2.5-0.5B's decode
+//    from 1,520 to 1,555 tok/s at batch 1 and 2,826 to 2,881 at batch 2 (2026-12-02, 00:45 UTC). At 8 rows x
+//    is read from global memory still (kMaxStagedPlainRows).
 //    With SwiGLU, two warps of a CTA stream the 8 gate rows and the 8 matching up rows of one output group.
 // 3. Fills the GPU: the warps of a CTA split k (split = 1..16 warps per row group, partial tiles summed
 //    in shared memory in slice order: deterministic). The host picks split from n, k and the SM count
@@ -78,6 +83,10 @@ constexpr int kWarpsTarget = 8;        // warps per SM the split aims for (the h
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
                                                // pay for a slower stream, up to a point
+// A plain product stages x in shared memory up to this many rows (the header comment, point 2). Measured in the
+// model (Qwen2.5-0.5B, 2026-12-02 00:45 UTC): staged at every size that fits kMaxStaged, batch 8 fell from 9,250 to
+// 8,926 tok/s (its x loads hit L1, and the staging holds every mma back until all 8 rows have landed).
+constexpr int64_t kMaxStagedPlainRows = 2;
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
 
 struct GemvArgs {
@@ -97,7 +106,8 @@ struct GemvArgs {
   const void* norm_weight;
   float eps;
   void* h_out;  // [m, k] contiguous, may be null: CTA 0 writes h there
-  int x_pitch;  // elements per staged x row: k plus 16 bytes, so the 8 rows' loads spread over the banks
+  int x_pitch;  // elements per staged x row: k plus 16 bytes, so the 8 rows' loads spread over the banks; 0: x is
+                // not staged (a plain product past kMaxStagedPlainRows or kMaxStaged reads it from global memory)
   // SwiGLU folded in (kSwiGLU): the up row of output column j is weight row up_row0 + j.
   int64_t up_row0;
 };
@@ -112,22 +122,54 @@ __device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
   copy_async_commit();
 }
 
-// kNorm, after the wait: every CTA stages the m rows of x (and of the residual) with plain 16-byte loads (a
-// cp.async would queue behind the ring's weight copies), then a warp per row computes h, its rstd and the
-// normalized row in place in sx (rms_norm's roundings: norm.cu); CTA 0 also writes h. Needs k % 8 == 0 and
-// 16-byte aligned rows (the host checks).
+// After the wait: `packs` 16-byte packs from global memory (src(i)) to shared memory (dst(i)), plain loads (a
+// cp.async would queue behind the ring's weight copies), kBatch of a thread's loads issued before any of its stores.
+// Why batched: the compiler must assume a store to shared memory may alias the next generic load, so a loop of
+// load-then-store waits one L2 round trip a pack.
+template <int kThreads, typename Src, typename Dst>
+__device__ __forceinline__ void copy_packs(int packs, Src src, Dst dst) {
+  constexpr int kBatch = 4;
+  for (int i0 = static_cast<int>(threadIdx.x); i0 < packs; i0 += kThreads * kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (i0 + u * kThreads < packs) v[u] = *reinterpret_cast<const uint4*>(src(i0 + u * kThreads));
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (i0 + u * kThreads < packs) *reinterpret_cast<uint4*>(dst(i0 + u * kThreads)) = v[u];
+    }
+  }
+}
+
+// The m rows of x, [m][x_pitch] in shared memory (the plain product's staged x, and kNorm's before it normalizes).
+// Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
+template <int kThreads, typename T>
+__device__ __forceinline__ void stage_x(const GemvArgs& a, T* sx) {
+  const int packs = a.k / 8;
+  copy_packs<kThreads>(
+      a.m * packs, [&](int i) { return static_cast<const T*>(a.x) + i / packs * a.x_stride + i % packs * 8; },
+      [&](int i) { return sx + i / packs * a.x_pitch + i % packs * 8; });
+}
+
+// kNorm, after the wait: every CTA stages the m rows of x and of the residual (one batch of loads), then a warp per
+// row computes h, its rstd and the normalized row in place in sx (rms_norm's roundings: norm.cu); CTA 0 also writes
+// h. Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
 template <int kThreads, typename T>
 __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
   const int tid = static_cast<int>(threadIdx.x), threads = kThreads;
-  const int packs = a.k / 8;
-  for (int i = tid; i < a.m * packs; i += threads) {
-    const int r = i / packs, p = i % packs;
-    *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) =
-        *reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + r * a.x_stride + p * 8);
-    if (a.residual) {
-      *reinterpret_cast<uint4*>(sr + r * a.x_pitch + p * 8) =
-          *reinterpret_cast<const uint4*>(static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8);
-    }
+  const int packs = a.k / 8, row_packs = a.m * packs;
+  if (a.residual) {  // x's packs, then the residual's
+    copy_packs<kThreads>(
+        2 * row_packs,
+        [&](int i) {
+          const int r = i % row_packs / packs, p = i % packs;
+          return i < row_packs ? static_cast<const T*>(a.x) + r * a.x_stride + p * 8
+                               : static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8;
+        },
+        [&](int i) { return (i < row_packs ? sx : sr) + i % row_packs / packs * a.x_pitch + i % packs * 8; });
+  } else {
+    stage_x<kThreads>(a, sx);
   }
   copy_async_wait_group<kRingSlots>();  // the norm weight: every group but the ring's kRingSlots
   __syncthreads();
@@ -215,27 +257,35 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   // the kernel before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
   if constexpr (kNorm) stage_norm_weight<kThreads>(a, sg);
   for (int j = 0; j < kRingSlots; ++j) fetch(c_begin + j);
+  // This thread's first output element (the epilogue's e = threadIdx.x): its bias (a weight) now, its addend
+  // right after the wait, so that neither L2 round trip lengthens the epilogue.
+  const int first_e = static_cast<int>(threadIdx.x), first_b = first_e % kTile / kGroupRows;
+  const int64_t first_col = (group0 + first_e / kTile) * kGroupRows + first_e % kGroupRows;
+  const bool first_live = !kSwiGLU && first_e < out_groups * kTile && first_b < a.m && first_col < a.n;
+  auto bias_at = [&](int64_t col) { return a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.f; };
+  const float first_bias = first_live ? bias_at(first_col) : 0.f;
   wait_for_prior_grids();
   chain_next_grids();
-  if constexpr (kNorm) stage_normalized_x<kThreads>(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
-  // The addend of this thread's first output element (the epilogue's e = threadIdx.x), loaded now so that its
-  // L2 round trip overlaps the stream instead of lengthening the epilogue.
+  // x to shared memory in one batch of loads: read from global memory inside the loop, each chunk's mma would
+  // wait for its own L2 round trip (the stores and waits around the loads keep them from being issued early).
+  const bool x_staged = kNorm || a.x_pitch > 0;  // the host's choice for a plain product (kMaxStagedPlainRows)
+  if constexpr (kNorm) {
+    stage_normalized_x<kThreads>(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
+  } else if (x_staged) {
+    stage_x<kThreads>(a, sx);
+    __syncthreads();
+  }
   const T* addend = static_cast<const T*>(a.addend);
   auto addend_at = [&](int b, int64_t col) { return to_acc(addend[b * static_cast<int64_t>(a.n) + col]); };
-  float first_addend = 0.f;
-  if (!kSwiGLU && addend && static_cast<int>(threadIdx.x) < out_groups * kTile) {
-    const int e = static_cast<int>(threadIdx.x), b = e % kTile / kGroupRows;
-    const int64_t col = (group0 + e / kTile) * kGroupRows + e % kGroupRows;
-    if (b < a.m && col < a.n) first_addend = addend_at(b, col);
-  }
+  const float first_addend = addend && first_live ? addend_at(first_b, first_col) : 0.f;
 
   // Two accumulators, one per mma of a chunk: each mma waits for the one a chunk back, not for the one just
   // before it (one chain of 2 x chunks dependent mma was the warp's critical path).
   float d[4] = {0.f, 0.f, 0.f, 0.f}, d_hi[4] = {0.f, 0.f, 0.f, 0.f};
   if (live) {
     const bool x_live = g < a.m;
-    const T* x_lane = kNorm ? sx + (x_live ? g : 0) * a.x_pitch + t * 8
-                            : static_cast<const T*>(a.x) + (x_live ? g : 0) * a.x_stride + t * 8;
+    const T* x_lane = x_staged ? sx + (x_live ? g : 0) * a.x_pitch + t * 8
+                               : static_cast<const T*>(a.x) + (x_live ? g : 0) * a.x_stride + t * 8;
     for (int c = c_begin; c < c_end; ++c) {  // warp-uniform bounds, as mma.sync needs
       copy_async_wait_group<kRingSlots - 1>();  // chunk c has landed: only the kRingSlots - 1 after it may not
       const bool in_k = c * kChunk + t * 8 < a.k;
@@ -270,8 +320,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
       const float gate = to_acc(from_acc<T>(acc[0])), up = to_acc(from_acc<T>(acc[kStreams - 1]));
       y = math::swiglu(gate, up);
     } else {
-      y = acc[0] + (a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.0f);
-      if (addend) y += e == static_cast<int>(threadIdx.x) ? first_addend : addend_at(b, col);
+      const bool first = e == first_e;
+      y = acc[0] + (first ? first_bias : bias_at(col));
+      if (addend) y += first ? first_addend : addend_at(b, col);
     }
     out[b * static_cast<int64_t>(a.n) + col] = from_acc<T>(y);
   }
@@ -332,7 +383,12 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
   const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
   const int64_t staged_rows = norm && norm->residual.defined() ? 2 * m : m;
-  const size_t staged_bytes = norm ? static_cast<size_t>((staged_rows * x_pitch + k) * x.element_size()) : 0;
+  // kNorm stages x (and the residual, and the norm weight) always; a plain product stages x up to
+  // kMaxStagedPlainRows rows where it fits, and otherwise reads it from global memory inside its loop.
+  const size_t plain_x_bytes = static_cast<size_t>(m * x_pitch * x.element_size());
+  const bool plain_x_staged = !norm && m <= kMaxStagedPlainRows && plain_x_bytes <= kMaxStaged;
+  const size_t staged_bytes = norm ? static_cast<size_t>((staged_rows * x_pitch + k) * x.element_size())
+                                   : (plain_x_staged ? plain_x_bytes : 0);
   if (norm) {
     const Tensor& res = norm->residual;
     const Tensor& gamma = norm->weight;
@@ -371,8 +427,8 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     a.norm_weight = norm->weight.data_ptr();
     a.eps = static_cast<float>(norm->eps);
     a.h_out = norm->h_out.defined() ? norm->h_out.data_ptr() : nullptr;
-    a.x_pitch = static_cast<int>(x_pitch);
   }
+  if (norm || plain_x_staged) a.x_pitch = static_cast<int>(x_pitch);  // 0: x read from global memory
   a.chunks_per_warp = l.chunks_per_warp;
   const int device = out.device().index;
   std::optional<OpScope> op_scope;
