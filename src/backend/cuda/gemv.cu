@@ -142,14 +142,21 @@ __device__ __forceinline__ void copy_packs(int packs, Src src, Dst dst) {
   }
 }
 
-// The m rows of x, [m][x_pitch] in shared memory (the plain product's staged x, and kNorm's before it normalizes).
-// Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
+// `rows` rows of k elements to shared memory at dst, [rows][pitch]: row r from src_row(r). Needs k % 8 == 0 and
+// 16-byte aligned rows (the host checks).
+template <int kThreads, typename T, typename SrcRow>
+__device__ __forceinline__ void stage_rows(int rows, int k, SrcRow src_row, T* dst, int pitch) {
+  const int packs = k / 8;
+  copy_packs<kThreads>(
+      rows * packs, [&](int i) { return src_row(i / packs) + i % packs * 8; },
+      [&](int i) { return dst + i / packs * pitch + i % packs * 8; });
+}
+
+// The m rows of x, [m][x_pitch] in shared memory (the plain product's staged x).
 template <int kThreads, typename T>
 __device__ __forceinline__ void stage_x(const GemvArgs& a, T* sx) {
-  const int packs = a.k / 8;
-  copy_packs<kThreads>(
-      a.m * packs, [&](int i) { return static_cast<const T*>(a.x) + i / packs * a.x_stride + i % packs * 8; },
-      [&](int i) { return sx + i / packs * a.x_pitch + i % packs * 8; });
+  stage_rows<kThreads>(
+      a.m, a.k, [&](int r) { return static_cast<const T*>(a.x) + r * a.x_stride; }, sx, a.x_pitch);
 }
 
 // kNorm, after the wait: every CTA stages the m rows of x and of the residual (one batch of loads), then a warp per
@@ -158,16 +165,15 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, T* sx) {
 template <int kThreads, typename T>
 __device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
   const int tid = static_cast<int>(threadIdx.x), threads = kThreads;
-  const int packs = a.k / 8, row_packs = a.m * packs;
-  if (a.residual) {  // x's packs, then the residual's
-    copy_packs<kThreads>(
-        2 * row_packs,
-        [&](int i) {
-          const int r = i % row_packs / packs, p = i % packs;
-          return i < row_packs ? static_cast<const T*>(a.x) + r * a.x_stride + p * 8
-                               : static_cast<const T*>(a.residual) + r * a.residual_stride + p * 8;
+  const int packs = a.k / 8;
+  if (a.residual) {  // the residual's rows are staged right after x's (sr == sx + m * x_pitch): rows m..2m-1
+    stage_rows<kThreads>(
+        2 * a.m, a.k,
+        [&](int r) {
+          return r < a.m ? static_cast<const T*>(a.x) + r * a.x_stride
+                         : static_cast<const T*>(a.residual) + (r - a.m) * a.residual_stride;
         },
-        [&](int i) { return (i < row_packs ? sx : sr) + i % row_packs / packs * a.x_pitch + i % packs * 8; });
+        sx, a.x_pitch);
   } else {
     stage_x<kThreads>(a, sx);
   }
