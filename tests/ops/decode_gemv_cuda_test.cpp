@@ -214,6 +214,40 @@ TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
   EXPECT_TRUE(std::isnan(testing::host_values(refused.out.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()))[0]));
 }
 
+// A row folded beside another (m = 2) gives the bits it gives alone (m = 1), h and out: the RMSNorm's sum of
+// squares must not be added in an order that depends on m or on the row (batched decoding equals each request
+// alone). k 1,536: two of a thread's packs a row.
+TEST_P(DecodeGemvCudaTest, FoldedRowsGiveTheirBitsAlone) {
+  const GemvSetting on(true);
+  constexpr double kEps = 1e-6;
+  const cudaStream_t stream = static_cast<cudaStream_t>(cuda::current_stream(0).handle());
+  for (int64_t k : {896, 1536}) {
+    for (bool swiglu : {false, true}) {
+      SCOPED_TRACE(str_cat("k ", k, swiglu ? " swiglu" : ""));
+      const int64_t n = swiglu ? 4864 : 1152;
+      const Tensor x = rand({2, k}).to(kGpu), residual = rand({2, k}).to(kGpu);
+      const Tensor gamma = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5).to(kGpu);
+      const Tensor w = random_tensor({swiglu ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1).to(kGpu);
+      auto run = [&](const Tensor& xs, const Tensor& rs) {
+        const int64_t m = xs.size(0);
+        const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
+        const cuda_kernels::GemvNorm norm{rs, gamma, kEps, h.out};
+        EXPECT_TRUE(cuda_kernels::try_decode_gemv(xs, w, nullptr, 0, out.out, stream, &norm, swiglu));
+        cuda::synchronize(0);
+        return std::pair{testing::host_values(out.out.to(Device::cpu())), testing::host_values(h.out.to(Device::cpu()))};
+      };
+      const auto [both_out, both_h] = run(x, residual);
+      for (int64_t r : {0, 1}) {
+        const auto [row_out, row_h] = run(x.narrow(0, r, 1).contiguous(), residual.narrow(0, r, 1).contiguous());
+        const std::vector<double> out_r(both_out.begin() + r * n, both_out.begin() + (r + 1) * n);
+        const std::vector<double> h_r(both_h.begin() + r * k, both_h.begin() + (r + 1) * k);
+        EXPECT_EQ(out_r, row_out) << "row " << r << ": out";
+        EXPECT_EQ(h_r, row_h) << "row " << r << ": h";
+      }
+    }
+  }
+}
+
 // Nine rows are past the GEMV: it declines, and matmul's cuBLASLt path gives the right answer.
 TEST_P(DecodeGemvCudaTest, NineRowsGoToCublasLt) {
   const GemvSetting on(true);

@@ -142,76 +142,100 @@ __device__ __forceinline__ void copy_packs(int packs, Src src, Dst dst) {
   }
 }
 
-// `rows` rows of k elements to shared memory at dst, [rows][pitch]: row r from src_row(r). Needs k % 8 == 0 and
-// 16-byte aligned rows (the host checks).
-template <int kThreads, typename T, typename SrcRow>
-__device__ __forceinline__ void stage_rows(int rows, int k, SrcRow src_row, T* dst, int pitch) {
-  const int packs = k / 8;
-  copy_packs<kThreads>(
-      rows * packs, [&](int i) { return src_row(i / packs) + i % packs * 8; },
-      [&](int i) { return dst + i / packs * pitch + i % packs * 8; });
-}
-
-// The m rows of x, [m][x_pitch] in shared memory (the plain product's staged x).
+// The m rows of x, [m][x_pitch] in shared memory (the plain product's staged x). Needs k % 8 == 0 and 16-byte
+// aligned rows (the host checks).
 template <int kThreads, typename T>
 __device__ __forceinline__ void stage_x(const GemvArgs& a, T* sx) {
-  stage_rows<kThreads>(
-      a.m, a.k, [&](int r) { return static_cast<const T*>(a.x) + r * a.x_stride; }, sx, a.x_pitch);
+  const int packs = a.k / 8;
+  copy_packs<kThreads>(
+      a.m * packs, [&](int i) { return static_cast<const T*>(a.x) + i / packs * a.x_stride + i % packs * 8; },
+      [&](int i) { return sx + i / packs * a.x_pitch + i % packs * 8; });
 }
 
-// kNorm, after the wait: every CTA stages the m rows of x and of the residual (one batch of loads), then a warp per
-// row computes h, its rstd and the normalized row in place in sx (rms_norm's roundings: norm.cu); CTA 0 also writes
-// h. Needs k % 8 == 0 and 16-byte aligned rows (the host checks).
+// kNorm, after the wait: every CTA normalizes the m rows of x (h = round(x + residual) with a residual) into sx
+// [m][x_pitch] with rms_norm's roundings (norm.cu); CTA 0 also writes h. Every thread works: thread tid owns packs
+// tid, tid + kThreads, ... of every row (a warp a row left most of the CTA idle, one warp stepping through a whole
+// row twice), holding x and the residual in registers from its loads to h, kBatch packs' loads a row issued before
+// any store (copy_packs says why). A row's sum of squares is added over the thread's packs, then across its warp,
+// then over the warps in order through `scratch` [warps][kMaxFoldedRows]: the same order whatever m is, so a row
+// normalized beside another gets the bits it gets alone. The norm weight sg [k] came by cp.async before the wait.
+// Needs k % 8 == 0, m <= kMaxFoldedRows and 16-byte aligned rows (the host checks).
 template <int kThreads, typename T>
-__device__ void stage_normalized_x(const GemvArgs& a, T* sx, T* sr, const T* sg) {
-  const int tid = static_cast<int>(threadIdx.x), threads = kThreads;
-  const int packs = a.k / 8;
-  if (a.residual) {  // the residual's rows are staged right after x's (sr == sx + m * x_pitch): rows m..2m-1
-    stage_rows<kThreads>(
-        2 * a.m, a.k,
-        [&](int r) {
-          return r < a.m ? static_cast<const T*>(a.x) + r * a.x_stride
-                         : static_cast<const T*>(a.residual) + (r - a.m) * a.residual_stride;
-        },
-        sx, a.x_pitch);
-  } else {
-    stage_x<kThreads>(a, sx);
+__device__ void stage_normalized_x(const GemvArgs& a, T* sx, const T* sg, float* scratch) {
+  constexpr int kRows = kMaxFoldedRows, kBatch = 2, kWarps = kThreads / 32;
+  const int tid = static_cast<int>(threadIdx.x), packs = a.k / 8;
+  const T* x = static_cast<const T*>(a.x);
+  const T* res = static_cast<const T*>(a.residual);
+  T* h_out = blockIdx.x == 0 ? static_cast<T*>(a.h_out) : nullptr;
+  float sum_sq[kRows] = {};
+  for (int p0 = tid; p0 < packs; p0 += kThreads * kBatch) {
+    uint4 xv[kRows][kBatch], rv[kRows][kBatch];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int p = p0 + u * kThreads;
+        if (r >= a.m || p >= packs) continue;
+        xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
+        if (res) rv[r][u] = *reinterpret_cast<const uint4*>(res + r * a.residual_stride + p * 8);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int p = p0 + u * kThreads;
+        if (r >= a.m || p >= packs) continue;
+        float h[8];
+        load8(reinterpret_cast<const T*>(&xv[r][u]), h);
+        if (res) {
+          float rr[8];
+          load8(reinterpret_cast<const T*>(&rv[r][u]), rr);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) h[e] = to_acc(from_acc<T>(h[e] + rr[e]));
+        }
+        alignas(16) T packed[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sum_sq[r] += h[e] * h[e];
+          packed[e] = from_acc<T>(h[e]);
+        }
+        *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) = *reinterpret_cast<const uint4*>(packed);
+        if (h_out) {
+          *reinterpret_cast<uint4*>(h_out + static_cast<int64_t>(r) * a.k + p * 8) =
+              *reinterpret_cast<const uint4*>(packed);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float warp_total = warp_sum(sum_sq[r]);
+    if (tid % 32 == 0) scratch[tid / 32 * kRows + r] = warp_total;
   }
   copy_async_wait_group<kRingSlots>();  // the norm weight: every group but the ring's kRingSlots
   __syncthreads();
-  const int warp = tid / 32, lane = tid % 32, warps = threads / 32;
-  for (int r = warp; r < a.m; r += warps) {
-    T* hs = sx + r * a.x_pitch;
-    float sum_sq = 0.f;
-    for (int p = lane; p < packs; p += 32) {
-      float h[8], res[8];
-      load8(hs + p * 8, h);
-      if (a.residual) {
-        load8(sr + r * a.x_pitch + p * 8, res);
+  float rstd[kRows];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) h[e] = to_acc(from_acc<T>(h[e] + res[e]));
-      }
+  for (int r = 0; r < kRows; ++r) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += scratch[w * kRows + r];
+    rstd[r] = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.eps);
+  }
+  for (int p = tid; p < packs; p += kThreads) {  // each thread rereads only the packs it wrote
+    float g[8];
+    load8(sg + p * 8, g);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= a.m) continue;
+      T* hs = sx + r * a.x_pitch + p * 8;
+      float h[8];
+      load8(hs, h);
       alignas(16) T packed[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        sum_sq += h[e] * h[e];
-        packed[e] = from_acc<T>(h[e]);
-      }
-      *reinterpret_cast<uint4*>(hs + p * 8) = *reinterpret_cast<const uint4*>(packed);
-      if (a.h_out && blockIdx.x == 0) {
-        *reinterpret_cast<uint4*>(static_cast<T*>(a.h_out) + static_cast<int64_t>(r) * a.k + p * 8) =
-            *reinterpret_cast<const uint4*>(packed);
-      }
-    }
-    const float rstd = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(a.k) + a.eps);
-    for (int p = lane; p < packs; p += 32) {  // each lane rereads only the packs it wrote
-      float h[8], g[8];
-      load8(hs + p * 8, h);
-      load8(sg + p * 8, g);
-      alignas(16) T packed[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) packed[e] = from_acc<T>(g[e] * to_acc(from_acc<T>(h[e] * rstd)));
-      *reinterpret_cast<uint4*>(hs + p * 8) = *reinterpret_cast<const uint4*>(packed);
+      for (int e = 0; e < 8; ++e) packed[e] = from_acc<T>(g[e] * to_acc(from_acc<T>(h[e] * rstd[r])));
+      *reinterpret_cast<uint4*>(hs) = *reinterpret_cast<const uint4*>(packed);
     }
   }
   __syncthreads();
@@ -228,9 +252,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   constexpr int kStreams = kSwiGLU ? 2 : 1;
   constexpr int kThreads = 32 * (kSplit * kStreams > 4 ? kSplit * kStreams : 4);  // blockDim.x
   constexpr int kTile = kGemvMaxRows * kGroupRows;
+  // The warps' partial tiles for the epilogue; with kNorm first the RMSNorm's per-warp sums (stage_normalized_x).
   __shared__ float partial[kMaxThreads / 32][kTile];
-  // Every thread's weight ring [warps][kRingSlots][32 lanes] of 16 bytes; then, with kNorm, the staged x rows
-  // [m][x_pitch], the residual rows [m][x_pitch] (with a residual) and the norm weight [k].
+  static_assert(kTile >= kMaxFoldedRows, "partial holds stage_normalized_x's sums");
+  // Every thread's weight ring [warps][kRingSlots][32 lanes] of 16 bytes; then, with kNorm, the normalized x rows
+  // [m][x_pitch] and the norm weight [k].
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
@@ -257,8 +283,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
     copy_async_commit();
   };
   T* sx = reinterpret_cast<T*>(gemv_smem + kThreads * kRingBytesPerThread);
-  T* sr = sx + (a.residual ? a.m * a.x_pitch : 0);
-  T* sg = sr + a.m * a.x_pitch;
+  T* sg = sx + a.m * a.x_pitch;
   // The weights are no kernel's output: the norm weight and the ring's first kRingSlots chunks stream in while
   // the kernel before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
   if constexpr (kNorm) stage_norm_weight<kThreads>(a, sg);
@@ -276,7 +301,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   // wait for its own L2 round trip (the stores and waits around the loads keep them from being issued early).
   const bool x_staged = kNorm || a.x_pitch > 0;  // the host's choice for a plain product (kMaxStagedPlainRows)
   if constexpr (kNorm) {
-    stage_normalized_x<kThreads>(a, sx, sr, sg);  // has barriers: every warp of the CTA calls it
+    stage_normalized_x<kThreads>(a, sx, sg, &partial[0][0]);  // has barriers: every warp of the CTA calls it
   } else if (x_staged) {
     stage_x<kThreads>(a, sx);
     __syncthreads();
@@ -388,12 +413,11 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   if (out.size(0) != m || out.size(1) != n || !out.is_contiguous()) return false;
   if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
   const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
-  const int64_t staged_rows = norm && norm->residual.defined() ? 2 * m : m;
   // kNorm stages x (and the residual, and the norm weight) always; a plain product stages x up to
   // kMaxStagedPlainRows rows where it fits, and otherwise reads it from global memory inside its loop.
   const size_t plain_x_bytes = static_cast<size_t>(m * x_pitch * x.element_size());
   const bool plain_x_staged = !norm && m <= kMaxStagedPlainRows && plain_x_bytes <= kMaxStaged;
-  const size_t staged_bytes = norm ? static_cast<size_t>((staged_rows * x_pitch + k) * x.element_size())
+  const size_t staged_bytes = norm ? static_cast<size_t>((m * x_pitch + k) * x.element_size())
                                    : (plain_x_staged ? plain_x_bytes : 0);
   if (norm) {
     const Tensor& res = norm->residual;
