@@ -95,20 +95,26 @@ __device__ __forceinline__ void accumulate_pv(const float* sc, int chunk, int ke
 // out[d] = sum_s w_s o_s[d] / sum_s w_s l_s with w_s = e^(m_s - max m), 0 when no split saw a key. w (shared,
 // [used]) and scratch ([32]) are block workspace; returns (max m, the denominator) for a log-sum-exp. Every
 // thread of the block must call it; it ends with a barrier, so w may be reused for the next row.
+// Each split's m and l are loaded together (thread s: split s), so the denominator costs no second round trip to
+// L2 after the max.
 template <typename T>
 __device__ __forceinline__ float2 combine_row(const float* m, const float* l, const float* part_o, int used, int D,
                                               float* w, float* scratch, T* out) {
-  float mx = -INFINITY;
-  for (int s = threadIdx.x; s < used; s += blockDim.x) mx = fmaxf(mx, m[s]);
+  const int tid = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const bool first_own = tid < used;
+  const float m_first = first_own ? m[tid] : -INFINITY, l_first = first_own ? l[tid] : 0.f;
+  float mx = m_first;
+  for (int s = tid + threads; s < used; s += threads) mx = fmaxf(mx, m[s]);
   mx = block_max(mx, scratch);
   float sum = 0.f;
-  for (int s = threadIdx.x; s < used; s += blockDim.x) {
-    const float ws = mx == -INFINITY || m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
+  for (int s = tid; s < used; s += threads) {
+    const float ms = s == tid ? m_first : m[s], ls = s == tid ? l_first : l[s];
+    const float ws = mx == -INFINITY || ms == -INFINITY ? 0.f : expf(ms - mx);
     w[s] = ws;
-    sum += ws * l[s];
+    sum += ws * ls;
   }
   sum = block_sum(sum, scratch);  // its barriers also publish w
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int d = tid; d < D; d += threads) {
     float acc = 0.f;
     if (sum > 0.f) {
       for (int s = 0; s < used; ++s) acc += w[s] * part_o[s * D + d];
