@@ -413,7 +413,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   if (out.size(0) != m || out.size(1) != n || !out.is_contiguous()) return false;
   if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
   const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
-  // kNorm stages x (and the residual, and the norm weight) always; a plain product stages x up to
+  // kNorm stages the normalized x (and the norm weight) always; a plain product stages x up to
   // kMaxStagedPlainRows rows where it fits, and otherwise reads it from global memory inside its loop.
   const size_t plain_x_bytes = static_cast<size_t>(m * x_pitch * x.element_size());
   const bool plain_x_staged = !norm && m <= kMaxStagedPlainRows && plain_x_bytes <= kMaxStaged;
