@@ -152,6 +152,21 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, T* sx) {
       [&](int i) { return sx + i / packs * a.x_pitch + i % packs * 8; });
 }
 
+// f(r, u, p) for the packs p = p0 + u * kThreads (u < kBatch) of rows r < m that lie within `packs`, unrolled:
+// one batch of stage_normalized_x, whose loads all run before any of its stores (two calls).
+template <int kThreads, int kRows, int kBatch, typename F>
+__device__ __forceinline__ void for_batch_packs(int p0, int m, int packs, F&& f) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int p = p0 + u * kThreads;
+      if (r >= m || p >= packs) continue;
+      f(r, u, p);
+    }
+  }
+}
+
 // kNorm, after the wait: every CTA normalizes the m rows of x (h = round(x + residual) with a residual) into sx
 // [m][x_pitch] with rms_norm's roundings (norm.cu); CTA 0 also writes h. Every thread works: thread tid owns packs
 // tid, tid + kThreads, ... of every row (a warp a row left most of the CTA idle, one warp stepping through a whole
@@ -170,43 +185,31 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, const T* sg, float*
   float sum_sq[kRows] = {};
   for (int p0 = tid; p0 < packs; p0 += kThreads * kBatch) {
     uint4 xv[kRows][kBatch], rv[kRows][kBatch];
+    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
+      xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
+      if (res) rv[r][u] = *reinterpret_cast<const uint4*>(res + r * a.residual_stride + p * 8);
+    });
+    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
+      float h[8];
+      load8(reinterpret_cast<const T*>(&xv[r][u]), h);
+      if (res) {
+        float rr[8];
+        load8(reinterpret_cast<const T*>(&rv[r][u]), rr);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int p = p0 + u * kThreads;
-        if (r >= a.m || p >= packs) continue;
-        xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
-        if (res) rv[r][u] = *reinterpret_cast<const uint4*>(res + r * a.residual_stride + p * 8);
+        for (int e = 0; e < 8; ++e) h[e] = to_acc(from_acc<T>(h[e] + rr[e]));
       }
-    }
+      alignas(16) T packed[8];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int p = p0 + u * kThreads;
-        if (r >= a.m || p >= packs) continue;
-        float h[8];
-        load8(reinterpret_cast<const T*>(&xv[r][u]), h);
-        if (res) {
-          float rr[8];
-          load8(reinterpret_cast<const T*>(&rv[r][u]), rr);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) h[e] = to_acc(from_acc<T>(h[e] + rr[e]));
-        }
-        alignas(16) T packed[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          sum_sq[r] += h[e] * h[e];
-          packed[e] = from_acc<T>(h[e]);
-        }
-        *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) = *reinterpret_cast<const uint4*>(packed);
-        if (h_out) {
-          *reinterpret_cast<uint4*>(h_out + static_cast<int64_t>(r) * a.k + p * 8) =
-              *reinterpret_cast<const uint4*>(packed);
-        }
+      for (int e = 0; e < 8; ++e) {
+        sum_sq[r] += h[e] * h[e];
+        packed[e] = from_acc<T>(h[e]);
       }
-    }
+      *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) = *reinterpret_cast<const uint4*>(packed);
+      if (h_out) {
+        *reinterpret_cast<uint4*>(h_out + static_cast<int64_t>(r) * a.k + p * 8) =
+            *reinterpret_cast<const uint4*>(packed);
+      }
+    });
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
