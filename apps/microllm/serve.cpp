@@ -51,7 +51,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("-p,--port", o->server.port, "TCP port (0: any free port)")->capture_default_str();
   cmd->add_option("--device", o->server.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", o->server.dtype, "Weights and compute: f32 or bf16")->capture_default_str();
+  cmd->add_option("--dtype", o->server.dtype, "Weights and compute: f32 or bf16 (f64 too on the CPU)")
+      ->capture_default_str();
   cmd->add_option("--max-batch", o->server.max_batch, "Sequences decoded together at most (continuous batching)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

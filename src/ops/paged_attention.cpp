@@ -12,10 +12,12 @@
 namespace microllm {
 namespace {
 
-// A pool [num_blocks, block_size, Hkv, D] of f32, f16 or bf16 (the dtypes the CUDA kernels take).
+// A pool [num_blocks, block_size, Hkv, D] of f32, f16 or bf16 (the dtypes the CUDA kernels take), or f64 on the
+// CPU (the reference's exact comparisons: an engine against generate() without f32 roundings between them).
 void check_pool(const char* op, const Tensor& pool, const char* name) {
   checks::floating(op, pool, name);
-  MICROLLM_CHECK(pool.dtype() != DType::f64, DTypeError, op, name, " must be f32, f16 or bf16, got ", pool.dtype());
+  MICROLLM_CHECK(pool.dtype() != DType::f64 || pool.device().is_cpu(), DTypeError, op, name,
+                 " must be f32, f16 or bf16 on ", pool.device(), " (f64 pools are for the CPU), got ", pool.dtype());
   checks::rank(op, pool, name, 4);
   MICROLLM_CHECK(pool.size(1) > 0 && pool.size(2) > 0 && pool.size(3) > 0, ShapeError, op, name, " shape ",
                  pool.shape(), " must have a positive block_size, Hkv and D ([num_blocks, block_size, Hkv, D])");

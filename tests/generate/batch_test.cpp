@@ -14,15 +14,20 @@ namespace microllm::generate {
 namespace {
 
 using testing_model::random_prompt;
+using testing_model::exact_dtype;
 using testing_model::tiny_config;
 
+// The model on `device` in the dtype of exact comparisons there (f64 on the CPU: see exact_dtype).
 struct Fixture {
   uint64_t seed = testing::fresh_seed();
   nn::TransformerConfig config;
   std::unique_ptr<nn::TransformerLM> model;
   Generator gen{seed + 1};
-  explicit Fixture(int64_t max_positions = 64)
-      : config(tiny_config(max_positions)), model(std::make_unique<nn::TransformerLM>(config, seed)) {}
+  explicit Fixture(int64_t max_positions = 64, Device device = Device::cpu())
+      : config(tiny_config(max_positions)), model(std::make_unique<nn::TransformerLM>(config, seed)) {
+    model->to(device);
+    model->to(exact_dtype(device));
+  }
   std::vector<std::vector<int32_t>> prompts(const std::vector<size_t>& lengths) {
     std::vector<std::vector<int32_t>> out;
     for (size_t n : lengths) out.push_back(random_prompt(gen, n, config.vocab_size));
@@ -30,8 +35,9 @@ struct Fixture {
   }
 };
 
-GenerateOptions greedy(int64_t max_new_tokens) {
+GenerateOptions greedy(int64_t max_new_tokens, DType dtype = exact_dtype(Device::cpu())) {
   GenerateOptions o;
+  o.compute_dtype = dtype;
   o.max_new_tokens = max_new_tokens;
   o.sampling.temperature = 0;
   return o;
@@ -98,6 +104,7 @@ TEST(GenerateBatch, SequenceISamplesWithSeedPlusI) {
   SCOPED_TRACE("seed " + std::to_string(f.seed));
   const std::vector<int32_t> prompt = f.prompts({4})[0];
   GenerateOptions options;
+  options.compute_dtype = exact_dtype(Device::cpu());
   options.max_new_tokens = 20;
   options.sampling.temperature = 1.5;  // near-uniform over 61 tokens: different seeds give different text
   options.sampling.seed = f.seed % 1000;
@@ -137,11 +144,10 @@ TEST(GenerateBatch, CallbackStreamsEachSequenceAndCanStopOne) {
 // The same on the GPU (f32): the masked batch goes through other attention kernels than a single sequence.
 TEST(GenerateBatchCuda, GreedyEqualsEachPromptAlone) {
   MICROLLM_SKIP_IF_UNAVAILABLE(Device::cuda(0));
-  Fixture f;
+  Fixture f(64, Device::cuda(0));
   SCOPED_TRACE("seed " + std::to_string(f.seed));
-  f.model->to(Device::cuda(0));
   const auto prompts = f.prompts({5, 1, 12, 7});
-  const GenerateOptions options = greedy(12);
+  const GenerateOptions options = greedy(12, exact_dtype(Device::cuda(0)));
   const std::vector<Generation> batch = generate_batch(*f.model, prompts, options);
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(batch[i].tokens, generate(*f.model, prompts[i], options)) << "sequence " << i;

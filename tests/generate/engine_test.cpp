@@ -25,6 +25,13 @@ class EngineTest : public testing::DeviceTest {
     config_ = tiny_config(96);
     model_ = std::make_unique<nn::TransformerLM>(config_, seed_);
     model_->to(GetParam());
+    model_->to(dtype_);
+  }
+
+  // Options in the test's dtype; every engine of a test is built through here.
+  EngineOptions engine_options(EngineOptions o = {}) const {
+    o.dtype = dtype_;
+    return o;
   }
 
   std::vector<int32_t> prompt(size_t length) { return random_prompt(gen_, length, config_.vocab_size); }
@@ -32,6 +39,7 @@ class EngineTest : public testing::DeviceTest {
   // What generate() gives `r` alone.
   std::vector<int32_t> alone(const EngineRequest& r) {
     GenerateOptions o;
+    o.compute_dtype = dtype_;
     o.max_new_tokens = r.max_new_tokens;
     o.sampling = r.sampling;
     o.stop_ids = r.stop_ids;
@@ -74,6 +82,9 @@ class EngineTest : public testing::DeviceTest {
     }
   }
 
+  // f64 on the CPU, where the batched and the lone runs take different BLAS kernels (see exact_dtype); f32 on
+  // CUDA.
+  DType dtype_ = testing_model::exact_dtype(GetParam());
   uint64_t seed_ = testing::fresh_seed();
   Generator gen_{seed_ + 7};
   nn::TransformerConfig config_;
@@ -84,7 +95,7 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   std::vector<EngineRequest> requests;
   for (size_t length : {5, 1, 23, 9, 40, 3}) requests.push_back(request(prompt(length), 14));
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 4;      // six requests: two wait for a row
   options.block_size = 4;
   options.prefill_chunk = 7;  // prompts of 9, 23 and 40 tokens are prefilled in several chunks
@@ -127,7 +138,7 @@ TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
     p.seed = seed_ + static_cast<uint64_t>(i);
     requests.push_back(request(prompt(3 + 4 * static_cast<size_t>(i)), 12, p));
   }
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 8;
   options.block_size = 8;
   Engine engine(*model_, options);
@@ -150,7 +161,7 @@ TEST_P(EngineTest, MixedGreedyAndSampledRequestsEqualEachRequestAlone) {
   // Request 3 ends well before request 2: its row then idles below a greedy one, still in the sampled range.
   const std::vector<EngineRequest> requests{request(prompt(3), 16), request(prompt(20), 5, sampled),
                                             request(prompt(2), 24, penalized_greedy), request(prompt(9), 2, sampled)};
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 2;
   options.block_size = 4;
   options.prefill_chunk = 4;  // the 20-token prompt prefills over several steps while request 0 decodes
@@ -163,7 +174,7 @@ TEST_P(EngineTest, MixedGreedyAndSampledRequestsEqualEachRequestAlone) {
 
 TEST_P(EngineTest, LateArrivalsJoinRunningDecodesWithoutChangingThem) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 3;
   options.block_size = 4;
   options.prefill_chunk = 5;
@@ -191,7 +202,7 @@ TEST_P(EngineTest, LateArrivalsJoinRunningDecodesWithoutChangingThem) {
 
 TEST_P(EngineTest, StopIdsCancellationAndCallbacksEndRequestsAndFreeTheirBlocks) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4});
+  Engine engine(*model_, engine_options({.max_batch = 4, .block_size = 4}));
   // A stop id: the first token this request would produce greedily after two tokens.
   EngineRequest stop = request(prompt(7), 30);
   const std::vector<int32_t> free_run = alone(stop);
@@ -233,7 +244,7 @@ TEST_P(EngineTest, TheFirstTokenComesFromThePrefillAlone) {
   EngineRequest stops = request(prompt(9), 10);
   stops.stop_ids = {alone(stops)[0]};
   const EngineRequest single = request(prompt(1), 3);
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 4;
   options.block_size = 4;
   options.prefill_chunk = 5;  // 12 and 9 tokens: the first token comes from a third and a second chunk
@@ -263,7 +274,7 @@ TEST_P(EngineTest, DecodeStepsOfAnUnchangedBatchUploadNothing) {
   // host: the host uploads a step's inputs when a row starts or stops decoding, not otherwise.
   const std::vector<EngineRequest> one{request(prompt(10), 21)};
   {
-    Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4});
+    Engine engine(*model_, engine_options({.max_batch = 4, .block_size = 4}));
     expect_each_as_alone(run(engine, one), one);
     EXPECT_EQ(engine.stats().decode_steps, 20u);
     EXPECT_EQ(engine.stats().input_uploads, 1u) << "only the first step's";
@@ -271,7 +282,7 @@ TEST_P(EngineTest, DecodeStepsOfAnUnchangedBatchUploadNothing) {
   // The second joins the first's decoding two steps in (a row starts: upload), the first ends (its row stops
   // being fed: upload); the rest need none.
   const std::vector<EngineRequest> two{request(prompt(10), 21), request(prompt(6), 9)};
-  Engine engine(*model_, EngineOptions{.max_batch = 4, .block_size = 4, .prefill_chunk = 5});
+  Engine engine(*model_, engine_options({.max_batch = 4, .block_size = 4, .prefill_chunk = 5}));
   expect_each_as_alone(run(engine, two), two);
   const EngineStats stats = engine.stats();
   EXPECT_EQ(stats.decoded_sequences, 20u + 8u);
@@ -282,7 +293,7 @@ TEST_P(EngineTest, DecodeStepsOfAnUnchangedBatchUploadNothing) {
 TEST_P(EngineTest, TinyChunksCaptureABoundedNumberOfGraphs) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   const std::vector<EngineRequest> requests{request(prompt(80), 3)};
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.block_size = 4;
   options.prefill_chunk = 1;  // 79 full chunks before the last: 64 from graphs (one per start), 15 eagerly
   Engine engine(*model_, options);
@@ -303,7 +314,7 @@ TEST_P(EngineTest, ARowAndBlocksFreedOneStepLateGoToTheNextRequestUnchanged) {
   EngineRequest first = request(prompt(5), 20);
   first.stop_ids = {alone(first)[3]};
   const std::vector<EngineRequest> requests{first, request(prompt(3), 40), request(prompt(6), 12)};
-  Engine engine(*model_, EngineOptions{.max_batch = 2, .block_size = 4, .kv_blocks = 18});
+  Engine engine(*model_, engine_options({.max_batch = 2, .block_size = 4, .kv_blocks = 18}));
   expect_each_as_alone(run(engine, requests), requests);
   const EngineStats stats = engine.stats();
   EXPECT_EQ(stats.discarded_rows, 1u) << "the first request was fed once past its stop id";
@@ -312,7 +323,7 @@ TEST_P(EngineTest, ARowAndBlocksFreedOneStepLateGoToTheNextRequestUnchanged) {
 
 TEST_P(EngineTest, AdmissionIsBoundedByFreeBlocksAndImpossibleRequestsAreRefused) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  EngineOptions options;
+  EngineOptions options = engine_options();
   options.max_batch = 8;
   options.block_size = 4;
   options.kv_blocks = 10;  // 40 tokens: one request of 20 + 12 at a time
@@ -342,7 +353,7 @@ TEST_P(EngineTest, AdmissionIsBoundedByFreeBlocksAndImpossibleRequestsAreRefused
 
 TEST_P(EngineTest, ASequenceStopsAtTheWindow) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  Engine engine(*model_, EngineOptions{.max_batch = 2, .block_size = 8});
+  Engine engine(*model_, engine_options({.max_batch = 2, .block_size = 8}));
   EngineRequest r = request(prompt(90), 50);  // the window is 96: 7 tokens fit (the last one is not fed back)
   const auto results = run(engine, {r});
   ASSERT_EQ(results.size(), 1u);

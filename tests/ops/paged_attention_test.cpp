@@ -270,10 +270,13 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
            paged_attention(q, kp, t({4, 8, 2, 16}, DType::f16), bt, ids, pos);
          }),
          "paged_attention", "v_pool");
-  expect(message([&] {
-           paged_attention(q, t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), bt, ids, pos);
-         }),
-         "paged_attention", "k_pool");
+  if (device().is_cuda()) {  // f64 pools are the CPU reference's only
+    expect(message([&] {
+             paged_attention(t({3, 4, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64), t({4, 8, 2, 16}, DType::f64),
+                             bt, ids, pos);
+           }),
+           "paged_attention", "k_pool");
+  }
   expect(message([&] { paged_attention(q, t({4, 8, 32}), t({4, 8, 32}), bt, ids, pos); }), "paged_attention", "k_pool");
   expect(message([&] {
            paged_attention(q, kp, vp, Tensor::zeros({2, 4}, DType::i64, device()), ids, pos);

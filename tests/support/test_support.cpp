@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "microllm/core/cuda.h"
 
@@ -24,9 +25,18 @@ std::string cuda_dtype_test_name(const ::testing::TestParamInfo<DType>& info) {
   return std::string("cuda_") + dtype_name(info.param);
 }
 
+namespace {
+// MICROLLM_TEST_SEED=<seed a failure printed> makes a test binary's first fresh_seed() return that seed
+// again, so a failure seen once (in CI, say) can be rerun with --gtest_filter on the one test.
+uint64_t first_seed() {
+  if (const char* env = std::getenv("MICROLLM_TEST_SEED"); env != nullptr && *env != '\0')
+    return std::strtoull(env, nullptr, 10);
+  return static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+}
+}  // namespace
+
 uint64_t fresh_seed() {
-  static std::atomic<uint64_t> counter{static_cast<uint64_t>(
-      std::chrono::high_resolution_clock::now().time_since_epoch().count())};
+  static std::atomic<uint64_t> counter{first_seed()};
   const uint64_t seed = counter.fetch_add(0x9E3779B97F4A7C15ull);
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   return seed;

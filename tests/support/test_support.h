@@ -35,7 +35,8 @@ class DeviceTest : public ::testing::TestWithParam<Device> {
   Device device() const { return GetParam(); }
 };
 
-// A fresh seed for every call (tests must not depend on one lucky input); printed on failure.
+// A fresh seed for every call (tests must not depend on one lucky input); printed on failure, and rerun with
+// MICROLLM_TEST_SEED=<that seed> (the binary's first call returns it).
 uint64_t fresh_seed();
 
 // Uniform in [low, high) on `device`.

@@ -1,8 +1,8 @@
 // A paged KV cache's operators, for continuous batching and decode steps replayed from a CUDA graph.
 //
-// One layer's cache is two pools k_pool, v_pool [num_blocks, block_size, Hkv, D] (f32, f16 or bf16),
-// token-major inside a block: token slot s lives in block s / block_size, row s % block_size. A sequence
-// owns blocks in any order, listed in its row of a block table. Everything that changes from one step to
+// One layer's cache is two pools k_pool, v_pool [num_blocks, block_size, Hkv, D] (f32, f16 or bf16; on the
+// CPU f64 too), token-major inside a block: token slot s lives in block s / block_size, row s % block_size.
+// A sequence owns blocks in any order, listed in its row of a block table. Everything that changes from one step to
 // the next (slots, block tables, sequence ids, positions) is an i32 tensor on the pools' device, read by
 // the kernels on the device: no host reads, no host-side kernel argument, so a captured graph replays
 // with new values. The host checks only shapes, dtypes and devices.

@@ -32,7 +32,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  // 0: an ephemeral port
   std::string device = "cpu";       // cpu, cuda, cuda:N
-  std::string dtype = "f32";        // weights and compute: f32 or bf16
+  std::string dtype = "f32";        // weights and compute: f32 or bf16 (f64 too on the CPU)
   int max_batch = 8;                // sequences decoded together at most (the engine's rows)
   int64_t kv_blocks = 0;            // KV cache blocks of 16 tokens; 0: the engine's default (EngineOptions)
   int64_t prefill_chunk = 512;      // prompt tokens per engine step: more prefill long prompts faster, fewer keep

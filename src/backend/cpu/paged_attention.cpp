@@ -74,8 +74,8 @@ void CpuBackend::paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, cons
                                const T* kr = ks + n * k.stride(0) + h * k.stride(1);
                                const T* vr = vs + n * v.stride(0) + h * v.stride(1);
                                for (int64_t d = 0; d < dim; ++d) {
-                                 cpu::store(kd + d * kp.step, float(cpu::load(kr + d * k.stride(2))));
-                                 cpu::store(vd + d * vp.step, float(cpu::load(vr + d * v.stride(2))));
+                                 cpu::store(kd + d * kp.step, cpu::load(kr + d * k.stride(2)));
+                                 cpu::store(vd + d * vp.step, cpu::load(vr + d * v.stride(2)));
                                }
                              }
                            });
