@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "microllm/core/cuda.h"
 #include "microllm/ops/attention.h"
+#include "microllm/ops/elementwise.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/rope.h"
 #include "test_support.h"
@@ -37,6 +39,13 @@ using testing::random_tensor;
 using testing::tolerance;
 
 const DType kPoolTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+// The pool dtypes `device` takes: f64 too on the CPU (the engine tests' exact comparisons).
+std::vector<DType> pool_types(Device device) {
+  std::vector<DType> types(std::begin(kPoolTypes), std::end(kPoolTypes));
+  if (device.is_cpu()) types.push_back(DType::f64);
+  return types;
+}
 
 // A cache of several sequences in shuffled blocks, and a batch of query rows over them.
 struct Cache {
@@ -181,16 +190,18 @@ TEST_P(PagedAttentionTest, QwenDecodeBatch) {
 }
 
 TEST_P(PagedAttentionTest, WriteThenGatherRoundTripsAndSkipSlotsLeaveThePoolAlone) {
-  for (DType dtype : kPoolTypes) {
+  for (DType dtype : pool_types(device())) {
     SCOPED_TRACE(dtype_name(dtype));
     const Cache c = make_cache({11, 30}, 4, 2, 2, 16, 1, false, device());
     const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
     const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
     const std::vector<double> k_before = host_values(k_pool), v_before = host_values(v_pool);
     // Sequence 1's 30 tokens as a [2, 16, Hkv, D] projection (the last two rows padding), f64 source
-    // values converted to the pool's dtype; the padding rows' slots are -1.
-    const Tensor k = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device());
-    const Tensor v = random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64, device())
+    // values converted to the pool's dtype; the padding rows' slots are -1. A third of uniform (f32) draws:
+    // values an f64 pool holds and an f32 one would round.
+    auto source = [&] { return scale(random_tensor({2, 16, c.kv_heads, c.dim}, DType::f64), 1.0 / 3).to(device()); };
+    const Tensor k = source();
+    const Tensor v = source()
                          .transpose(2, 3)
                          .contiguous()
                          .transpose(2, 3);  // D strided
