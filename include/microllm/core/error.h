@@ -1,6 +1,7 @@
 // Errors: one hierarchy, every message names the operation and the offending values.
 //   [rms_norm] weight shape [512] does not match the last dim of input [2, 7, 896]
-// The library throws; only the C API (capi/) catches.
+// The library throws; the C API (capi/) catches at every entry point and returns status codes; the server turns
+// exceptions into OpenAI error objects.
 #pragma once
 
 #include <sstream>
