@@ -18,7 +18,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "microllm/generate/generate.h"
 #include "microllm/tokenizer/tokenizer.h"
@@ -441,6 +443,27 @@ TEST(ServeAuth, ApiKeyIsRequiredOnV1) {
   EXPECT_EQ(c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json")->status, 200);
   server.stop();
   server.stop();  // idempotent
+}
+
+// f32 and bf16 anywhere, f64 on the CPU only (the tests' exact comparisons); anything else is refused before
+// the model loads, naming the dtype and the device.
+TEST(ServeOptions, DtypeIsF32OrBf16OrF64OnTheCpu) {
+  testing::TinyModelDir dir(testing::fresh_seed());
+  auto refusal = [&](const std::string& dtype, const std::string& device) {
+    ServerOptions options;
+    options.model_dir = dir.dir.string();
+    options.port = 0;
+    options.dtype = dtype;
+    options.device = device;
+    return testing::error_message([&] { Server server(options); });
+  };
+  EXPECT_EQ(refusal("f64", "cpu"), "no error");  // error_message's answer when the call throws nothing
+  EXPECT_EQ(refusal("bf16", "cpu"), "no error");
+  for (const auto& [dtype, device] : {std::pair{"f16", "cpu"}, std::pair{"i32", "cpu"}, std::pair{"f64", "cuda"}}) {
+    const std::string m = refusal(dtype, device);
+    EXPECT_NE(m.find("[serve] dtype must be f32 or bf16"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string("got ") + dtype + " on " + device), std::string::npos) << m;
+  }
 }
 
 }  // namespace
