@@ -44,12 +44,7 @@ class DeviceSampler {
   // The next id of every sequence from logits [B, T, vocab] (the last position). The host waits here, once
   // per step, for B ids.
   std::vector<int32_t> next(const Tensor& logits) {
-    Tensor last = logits.select(1, logits.size(1) - 1);
-    // An f64 model's logits go to f32 here: sample_tokens takes f64 on the CPU only (rounding each to f32,
-    // as this does), and an f64 model may run on CUDA.
-    if (last.dtype() != DType::f32 && last.dtype() != DType::bf16 && last.dtype() != DType::f16)
-      last = last.to(DType::f32);
-    sample_tokens(last, rows_, ids_);
+    sample_tokens(logits.select(1, logits.size(1) - 1), rows_, ids_);
     return ids_.to_vector<int32_t>();
   }
 

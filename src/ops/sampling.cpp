@@ -32,11 +32,11 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
   checks::defined(kOp, logits, "logits");
   checks::rank(kOp, logits, "logits", 2);
   const DType dtype = logits.dtype();
-  // f64 logits (of an f64 model on the CPU reference) are read as f32, like every other dtype: the sampling
-  // math is f32 on every device.
-  const bool f64_on_cpu = dtype == DType::f64 && logits.device().is_cpu();
-  MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || f64_on_cpu, DTypeError, kOp,
-                 "logits must be f32, bf16 or f16 (or f64 on the CPU), got ", dtype, " on ", logits.device());
+  // An f64 model's logits are rounded to f32 first, on every device: the sampling math is f32, and the kernels
+  // read f32, bf16 and f16.
+  if (dtype == DType::f64) return sample_tokens(logits.to(DType::f32), rows, out);
+  MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, DTypeError, kOp,
+                 "logits must be f32, bf16, f16 or f64, got ", dtype);
   const int64_t batch = logits.size(0), vocab = logits.size(1);
   MICROLLM_CHECK(vocab > 0, ShapeError, kOp, "logits of shape ", logits.shape(), " have no vocabulary");
   // Ids are i32 and the kernels' keys hold an id in 32 bits.

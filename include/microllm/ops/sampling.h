@@ -38,7 +38,7 @@ struct SamplerRows {
   bool greedy_only = false;
 };
 
-// logits [B, V] (f32, bf16 or f16, or on the CPU f64, read as f32; any strides, e.g. a select() of [B, T, V]);
+// logits [B, V] (f32, bf16 or f16; f64 is rounded to f32 first; any strides, e.g. a select() of [B, T, V]);
 // out i32 [B] receives the ids.
 void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& out);
 Tensor sample_tokens(const Tensor& logits, const SamplerRows& rows);  // a new i32 [B]
