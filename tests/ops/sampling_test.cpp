@@ -18,8 +18,8 @@
 #include "backend/sampling_math.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/random.h"
-#include "microllm/ops/elementwise.h"
 #include "microllm/generate/sampler.h"
+#include "microllm/ops/elementwise.h"
 #include "test_support.h"
 
 namespace microllm {
