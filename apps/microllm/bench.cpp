@@ -1,15 +1,15 @@
 // `microllm bench`: a llama-bench-style table of prefill and decode speed (docs/SERVING.md, issue 6).
 //   microllm bench --model DIR | --preset NAME | --config CONFIG.json [--device cpu|cuda] [--dtype f32|bf16]
 //                  [-p 512,2048] [-n 128] [-b 1,8,32] [--workload 2048:2:64] [-r 3] [--json FILE]
-//                  [--path engine|plain] [--prefill-chunk 2048]
+//                  [--path engine|plain] [--prefill-chunk 4096]
 // One row per test, tokens/s as min / median / max over the repetitions (after --warmup untimed ones):
 //   ppP       prefill: P random prompt tokens per sequence (batch from --prefill-batch, 1) and one new token;
 //   tgN       decode: N new tokens per sequence from a one-token prompt at each batch of -b, greedy;
 //   ppP+tgN   a workload --workload P:B:N: B prompts of P tokens, each decoded until it has N new tokens,
 //             end to end; tokens/s counts the B x N generated tokens (the JSON also has prompt + generated).
 // --path engine (the default) runs each repetition as requests to a generate::Engine, the serving path:
-// paged KV cache, prefill in chunks of --prefill-chunk tokens, decode steps replayed from CUDA graphs, sampling
-// on the device. --path plain runs TransformerLM::forward over a contiguous KvCache, the ids of each step
+// paged KV cache, prefill forwards of at most --prefill-chunk tokens (whole prompts batched), decode steps
+// replayed from CUDA graphs, sampling on the device. --path plain runs TransformerLM::forward over a contiguous KvCache, the ids of each step
 // chosen by argmax on the device and copied to the host (the loop before the engine, kept for comparison).
 // The device is synchronized at the end of every timed repetition; KV caches are allocated before the clock
 // starts (an engine's CUDA graphs are captured in the warm-up). --preset and --config build the model with
@@ -63,7 +63,7 @@ struct BenchCliOptions {
   int threads = 0;
   std::string path = "engine";  // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
   bool op_times = false;        // time every op with CUDA events (graphs off) and print the slowest per test
-  int64_t prefill_chunk = 2048;
+  int64_t prefill_chunk = 4096;  // the default workload's two 2,048-token prompts in one prefill forward
   // Whether the test lists came from the command line (then a test that cannot run is an error).
   bool prompts_given = false, new_tokens_given = false, batches_given = false, workloads_given = false;
   bool prefill_batches_given = false;

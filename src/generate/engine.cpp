@@ -23,8 +23,9 @@ namespace {
 // attention is sized from the bound, so short contexts do not pay for launching the window's worth of splits.
 constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 constexpr int64_t kMinContextBucket = 256;
-// A prompt that fits one prefill chunk is padded to a power of two of at least this many tokens (at most the
-// chunk) and replayed from the graph of that length.
+// Prompts that fit one prefill chunk are prefilled whole, several in one forward where they fit together: each
+// row is padded to a power of two of at least this many tokens (at most the chunk) and the rows to a power of
+// two, and the forward is replayed from the graph of that (rows, length).
 constexpr int64_t kMinPromptBucket = 16;
 // Graphs of full chunks kept at most (one per chunk start: 64 cover a 32K window in chunks of 512); later starts
 // run eagerly, so a tiny chunk size cannot make a long prompt capture a graph per token.
@@ -112,19 +113,20 @@ struct Engine::Impl {
   // prefill_inputs and its sequence's blocks from prefill_table, both rewritten before it; everything else a
   // chunk's kernels take from the host (the chunk start and length, the shapes) is in the key.
   //   prefill_graphs: full chunks before a prompt's last (prefill_chunk tokens, KV cache only), by chunk start;
-  //   prompt_graphs: a prompt that fits one chunk, padded to a bucket (ids 0, slots -1: not written; the
-  //     padding comes after the prompt, so causal attention keeps it out of the prompt's rows), by bucket; it
-  //     reads its own inputs and writes the logits of row prefill_last_row into its `logits`.
+  //   prompt_graphs: whole prompts that fit one chunk together, a row each, padded to (rows, bucket) (ids 0,
+  //     slots -1: not written; a row's padding comes after its prompt, so causal attention keeps it out of the
+  //     prompt's rows), by (rows, bucket); it reads its own inputs and writes the logits of each row's last
+  //     token into its `logits`.
   struct PromptGraph {
     cuda::Graph graph;
-    Tensor inputs;  // i32 [3, bucket]: ids, slots, rotary positions
-    Tensor logits;  // [1, 1, V]: allocated in the capture, from the graph pool
+    Tensor inputs;     // i32 [3, rows * bucket]: ids, slots, rotary positions
+    Tensor last_rows;  // i32 [rows]: each row's last prompt token, as a flat index into rows * bucket
+    Tensor logits;     // [rows, 1, V]: allocated in the capture, from the graph pool
   };
   std::map<int64_t, cuda::Graph> prefill_graphs;
-  std::map<int64_t, PromptGraph> prompt_graphs;
-  Tensor prefill_inputs;    // i32 [3, prefill_chunk]: a full chunk's ids, slots, rotary positions
-  Tensor prefill_table;     // i32 [1, max_blocks_per_sequence]
-  Tensor prefill_last_row;  // i32 [1]: the prompt's last token's row
+  std::map<std::pair<int64_t, int64_t>, PromptGraph> prompt_graphs;
+  Tensor prefill_inputs;  // i32 [3, prefill_chunk]: a full chunk's ids, slots, rotary positions
+  Tensor prefill_table;   // i32 [1, max_blocks_per_sequence]
 
   // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
   // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
@@ -190,7 +192,6 @@ struct Engine::Impl {
     if (stream && options.cuda_graphs) {
       prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
       prefill_table = Tensor::zeros({1, max_blocks_per_sequence}, DType::i32, device);
-      prefill_last_row = Tensor::zeros({1}, DType::i32, device);
     }
     free_blocks.resize(static_cast<size_t>(blocks));
     for (int64_t i = 0; i < blocks; ++i) free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(blocks - 1 - i);
@@ -403,84 +404,175 @@ struct Engine::Impl {
     return static_cast<int32_t>(seq.blocks[block] * options.block_size + position % options.block_size);
   }
 
-  // One chunk of the front-most prefilling sequence. The last chunk also samples the first new token from
-  // the prompt's last logits, into the row's entry of `tokens` where its first decode step finds it, and
-  // downloads it as a step in flight (read within this engine step, see step()): a prompt's tokens all go
-  // through the prefill's large GEMMs and flash attention, and none through a decode step's weight pass. A
-  // one-token prompt needs no prefill: its first decode step feeds it (admit).
+  // One prefill forward: the prompts of the front-most prefilling sequence and of the later ones not yet started
+  // that fit one chunk with it (whole_prompts), or one chunk of the front one's longer prompt. A prompt's last
+  // chunk also samples its first new token from the prompt's last logits, into the row's entry of `tokens` where
+  // its first decode step finds it, and downloads it as a step in flight (read within this engine step, see
+  // step()): a prompt's tokens all go through the prefill's large GEMMs and flash attention, and none through a
+  // decode step's weight pass. A one-token prompt needs no prefill: its first decode step feeds it (admit).
   bool prefill_step() {
-    Sequence* seq = nullptr;
+    Sequence* front = nullptr;
     for (const auto& s : running) {
       if (s->next_token < 0) {
-        seq = s.get();
+        front = s.get();
         break;
       }
     }
-    if (!seq) return false;
-    const auto prompt = static_cast<int64_t>(seq->request.prompt.size());
-    const int64_t start = seq->cached, count = std::min(options.prefill_chunk, prompt - start);
+    if (!front) return false;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++counters.prefill_forwards;
+    }
+    const auto prompt = static_cast<int64_t>(front->request.prompt.size());
+    if (front->cached == 0 && prompt <= options.prefill_chunk) {
+      const std::vector<Sequence*> group = whole_prompts(*front);
+      const Tensor logits = run_prompts(group);
+      for (Sequence* s : group) s->cached = static_cast<int64_t>(s->request.prompt.size());
+      sample_first_tokens(group, logits);
+      return true;
+    }
+    const int64_t start = front->cached, count = std::min(options.prefill_chunk, prompt - start);
     const bool last = start + count == prompt;
-    const Tensor logits = run_chunk(*seq, start, count, last);
-    seq->cached += count;
-    if (!last) return true;
-    start_decoding(*seq);
-    const int64_t row = seq->row;
-    sample_tokens(logits.select(1, 0), narrow_rows(row, 1, seq->request.sampling.temperature == 0),
-                  tokens.narrow(0, row, 1));
-    download(host_tokens[kPrefillBuffer] + row, tokens.narrow(0, row, 1), 1);
-    if (stream) tokens_read[kPrefillBuffer]->record(*stream);
-    ++seq->steps_in_flight;
-    in_flight.push_back(StepInFlight{{{row, seq->id}}, kPrefillBuffer});
-    std::lock_guard<std::mutex> lock(mutex);
-    ++counters.prefill_samples;
+    const Tensor logits = run_chunk(*front, start, count, last);
+    front->cached += count;
+    if (last) sample_first_tokens({front}, logits);
     return true;
   }
 
-  // One chunk of `seq` ([start, start + count) of its prompt), replayed from a graph where one fits (a full
-  // chunk before the last; a whole prompt, padded), eagerly otherwise. Returns the prompt's last logits
-  // [1, 1, V] for the last chunk, nothing for an earlier one.
+  // `front` and the sequences after it not yet started whose whole prompts fit one forward with it: the rows
+  // (padded_rows) times the longest prompt's bucket (prompt_bucket) within prefill_chunk. A prompt longer than a
+  // chunk never joins (its bucket is the whole chunk); it is chunked alone when it reaches the front.
+  std::vector<Sequence*> whole_prompts(Sequence& front) const {
+    std::vector<Sequence*> group{&front};
+    auto longest = static_cast<int64_t>(front.request.prompt.size());
+    bool after_front = false;
+    for (const auto& s : running) {
+      if (s.get() == &front) after_front = true;
+      if (!after_front || s->next_token >= 0 || s->cached > 0 || s.get() == &front) continue;
+      const int64_t length = std::max(longest, static_cast<int64_t>(s->request.prompt.size()));
+      const int64_t prompt_rows = padded_rows(static_cast<int64_t>(group.size()) + 1);
+      if (prompt_rows * prompt_bucket(length) > options.prefill_chunk) continue;
+      group.push_back(s.get());
+      longest = length;
+    }
+    return group;
+  }
+
+  static int64_t padded_rows(int64_t count) {
+    int64_t padded = 1;
+    while (padded < count) padded *= 2;
+    return padded;
+  }
+
+  int64_t prompt_bucket(int64_t length) const {
+    int64_t bucket = kMinPromptBucket;
+    while (bucket < length) bucket *= 2;
+    return std::min(bucket, options.prefill_chunk);
+  }
+
+  // Each sequence of `group` starts decoding with its first token sampled from its row of `logits`
+  // ([rows >= group.size(), 1, V], the prompts' last logits in group order), downloaded as one step in flight.
+  void sample_first_tokens(const std::vector<Sequence*>& group, const Tensor& logits) {
+    StepInFlight step{{}, kPrefillBuffer};
+    for (size_t i = 0; i < group.size(); ++i) {
+      Sequence& seq = *group[i];
+      start_decoding(seq);
+      const Tensor chosen = tokens.narrow(0, seq.row, 1);
+      sample_tokens(logits.narrow(0, static_cast<int64_t>(i), 1).select(1, 0),
+                    narrow_rows(seq.row, 1, seq.request.sampling.temperature == 0), chosen);
+      download(host_tokens[kPrefillBuffer] + seq.row, chosen, 1);
+      ++seq.steps_in_flight;
+      step.fed.emplace_back(seq.row, seq.id);
+    }
+    if (stream) tokens_read[kPrefillBuffer]->record(*stream);
+    in_flight.push_back(std::move(step));
+    std::lock_guard<std::mutex> lock(mutex);
+    counters.prefill_samples += group.size();
+  }
+
+  // The whole prompts of `group` in one forward, a row each: replayed from the graph of their padded (rows,
+  // bucket) on CUDA, eagerly (rows padded to the longest prompt) otherwise. Returns their last logits
+  // [rows, 1, V], group order.
+  Tensor run_prompts(const std::vector<Sequence*>& group) {
+    std::vector<ChunkSpan> spans;
+    int64_t longest = 0;
+    for (const Sequence* s : group) {
+      spans.push_back({s, 0, static_cast<int64_t>(s->request.prompt.size())});
+      longest = std::max(longest, spans.back().count);
+    }
+    if (stream && options.cuda_graphs) {
+      const PromptGraph& g = prompt_graph(padded_rows(static_cast<int64_t>(group.size())), prompt_bucket(longest));
+      upload_chunks(g.inputs, g.last_rows, spans);
+      g.graph.replay();
+      count_prefill_replay();
+      return g.logits;
+    }
+    const auto prompt_rows = static_cast<int64_t>(group.size());
+    const Tensor inputs = Tensor::empty({3, prompt_rows * longest}, DType::i32, device);
+    const Tensor last_rows = Tensor::empty({prompt_rows}, DType::i32, device);
+    upload_chunks(inputs, last_rows, spans);
+    nn::PagedBatch batch;
+    nn::ForwardContext ctx;
+    const Tensor ids = chunk_context(inputs, block_tables, 0, 0, prompt_rows, batch, ctx);
+    ctx.last_row = last_rows;
+    return model.forward(ids, ctx).value();
+  }
+
+  // One chunk of `seq`'s prompt, [start, start + count), not all of it in one (see prefill_step): replayed from
+  // the graph of its start when it is a full chunk before the last, eagerly otherwise. Returns the prompt's last
+  // logits [1, 1, V] for the last chunk, nothing for an earlier one.
   Tensor run_chunk(const Sequence& seq, int64_t start, int64_t count, bool last) {
     const bool replay = stream && options.cuda_graphs;
     if (replay && !last && (prefill_graphs.count(start) || prefill_graphs.size() < kMaxChunkGraphs)) {
       // count == prefill_chunk: only the last chunk is shorter
-      upload_chunk(prefill_inputs, seq, start, count);
+      upload_chunks(prefill_inputs, Tensor(), {{&seq, start, count}});
       prefill_table.copy_(block_tables.narrow(0, seq.row, 1));
       prefill_graph(start).replay();
       count_prefill_replay();
       return {};
     }
-    if (replay && start == 0) {  // the whole prompt in one chunk, padded
-      const PromptGraph& g = prompt_graph(count);
-      upload_chunk(g.inputs, seq, start, count);
-      const auto last_row = static_cast<int32_t>(count - 1);
-      upload(prefill_last_row, &last_row, 1);
-      g.graph.replay();
-      count_prefill_replay();
-      return g.logits;
-    }
     const Tensor on_device = Tensor::empty({3, count}, DType::i32, device);
-    upload_chunk(on_device, seq, start, count);
+    upload_chunks(on_device, Tensor(), {{&seq, start, count}});
     nn::PagedBatch batch;
     nn::ForwardContext ctx;
-    const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, batch, ctx);
+    const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, 1, batch, ctx);
     if (last) return model.forward(ids, ctx).value();
     model.fill_cache(ids, ctx);  // nobody reads an earlier chunk's logits
     return {};
   }
 
-  // Writes the ids, slots and rotary positions of the prompt's tokens [start, start + count) to `inputs`
-  // (i32 [3, width], width >= count), padded past count with id 0, slot -1 (not written) and the last position.
-  void upload_chunk(const Tensor& inputs, const Sequence& seq, int64_t start, int64_t count) {
-    const int64_t width = inputs.size(1);
-    std::vector<int32_t> host(static_cast<size_t>(3 * width));
-    for (int64_t i = 0; i < width; ++i) {
-      const int64_t position = start + std::min(i, count - 1);
-      const auto at = static_cast<size_t>(i);
-      host[at] = i < count ? seq.request.prompt[static_cast<size_t>(position)] : 0;
-      host[static_cast<size_t>(width) + at] = i < count ? slot_of(seq, position) : -1;
-      host[static_cast<size_t>(2 * width) + at] = static_cast<int32_t>(position);
+  // Tokens [start, start + count) of a sequence's prompt: one row of a prefill forward.
+  struct ChunkSpan {
+    const Sequence* seq;
+    int64_t start, count;
+  };
+
+  // Writes the ids, slots and rotary positions of `spans` to `inputs` (i32 [3, rows * width], rows >= spans),
+  // row r holding spans[r] padded past its count with id 0, slot -1 (not written) and its last position; rows
+  // past the spans are all padding. last_rows (i32 [rows], when defined; else one row) gets each row's last
+  // token as a flat index.
+  void upload_chunks(const Tensor& inputs, const Tensor& last_rows, const std::vector<ChunkSpan>& spans) {
+    const auto prompt_rows = static_cast<int64_t>(last_rows.defined() ? last_rows.numel() : 1);
+    const int64_t total = inputs.size(1), width = total / prompt_rows;
+    std::vector<int32_t> host(static_cast<size_t>(3 * total), 0), last(static_cast<size_t>(prompt_rows), 0);
+    int32_t* ids = host.data();
+    int32_t* slots = ids + total;
+    int32_t* positions = slots + total;
+    std::fill_n(slots, total, -1);
+    for (int64_t r = 0; r < static_cast<int64_t>(spans.size()); ++r) {
+      const auto& [seq, start, count] = spans[static_cast<size_t>(r)];
+      for (int64_t i = 0; i < width; ++i) {
+        const int64_t position = start + std::min(i, count - 1);
+        const auto at = static_cast<size_t>(r * width + i);
+        positions[at] = static_cast<int32_t>(position);
+        if (i >= count) continue;
+        ids[at] = seq->request.prompt[static_cast<size_t>(position)];
+        slots[at] = slot_of(*seq, position);
+      }
+      last[static_cast<size_t>(r)] = static_cast<int32_t>(r * width + count - 1);
     }
-    upload(inputs, host.data(), 3 * width);
+    upload(inputs, host.data(), 3 * total);
+    if (last_rows.defined()) upload(last_rows, last.data(), prompt_rows);
   }
 
   void count_prefill_replay() {
@@ -488,10 +580,11 @@ struct Engine::Impl {
     ++counters.prefill_graph_replays;
   }
 
-  // A prefill chunk's batch and context from its inputs (i32 [3, count]: ids, slots, positions) and its
-  // sequence's row of `tables`; returns the ids [1, count].
-  Tensor chunk_context(const Tensor& inputs, const Tensor& tables, int64_t start, int64_t row, nn::PagedBatch& batch,
-                       nn::ForwardContext& ctx) const {
+  // A prefill forward's batch and context from its inputs (i32 [3, rows * width]: ids, slots, positions) and,
+  // for a chunk past a prompt's start, its sequence's row of `tables`; returns the ids [rows, width].
+  Tensor chunk_context(const Tensor& inputs, const Tensor& tables, int64_t start, int64_t row, int64_t prompt_rows,
+                       nn::PagedBatch& batch, nn::ForwardContext& ctx) const {
+    const int64_t width = inputs.size(1) / prompt_rows;
     batch.cache = cache.get();
     batch.slots = inputs.select(0, 1);
     batch.block_tables = tables;
@@ -500,8 +593,8 @@ struct Engine::Impl {
     ctx.compute_dtype = options.dtype;
     ctx.paged = &batch;
     ctx.last_logits_only = true;  // the first token's, from the last chunk
-    ctx.positions = inputs.select(0, 2);
-    return inputs.select(0, 0).reshape({1, inputs.size(1)});
+    ctx.positions = inputs.select(0, 2).reshape({prompt_rows, width});
+    return inputs.select(0, 0).reshape({prompt_rows, width});
   }
 
   // The graph of a full prefill chunk (not a prompt's last) starting at `start`, captured on first use.
@@ -510,23 +603,21 @@ struct Engine::Impl {
       graph = cuda::Graph::capture(*stream, graph_pool, [&] {
         nn::PagedBatch batch;
         nn::ForwardContext ctx;
-        model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, batch, ctx), ctx);
+        model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, 1, batch, ctx), ctx);
       });
     });
   }
 
-  // The graph of a prompt of `count` tokens that fits one chunk, padded to its bucket; captured on first use.
-  const PromptGraph& prompt_graph(int64_t count) {
-    int64_t bucket = kMinPromptBucket;
-    while (bucket < count) bucket *= 2;
-    bucket = std::min(bucket, options.prefill_chunk);
-    return cached(prompt_graphs, bucket, [&](PromptGraph& g) {
-      g.inputs = Tensor::zeros({3, bucket}, DType::i32, device);
+  // The graph of `prompt_rows` whole prompts of at most `bucket` tokens each, captured on first use.
+  const PromptGraph& prompt_graph(int64_t prompt_rows, int64_t bucket) {
+    return cached(prompt_graphs, std::pair{prompt_rows, bucket}, [&](PromptGraph& g) {
+      g.inputs = Tensor::zeros({3, prompt_rows * bucket}, DType::i32, device);
+      g.last_rows = Tensor::zeros({prompt_rows}, DType::i32, device);
       g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
         nn::PagedBatch batch;
         nn::ForwardContext ctx;
-        const Tensor ids = chunk_context(g.inputs, prefill_table, 0, 0, batch, ctx);
-        ctx.last_row = prefill_last_row;
+        const Tensor ids = chunk_context(g.inputs, prefill_table, 0, 0, prompt_rows, batch, ctx);
+        ctx.last_row = g.last_rows;
         g.logits = model.forward(ids, ctx).value();
       });
     });

@@ -211,15 +211,19 @@ Tensor Attention::paged_decode(const Tensor& q, const Tensor& k, const Tensor& v
   return out.reshape({batch, 1, hidden});
 }
 
-// q [1, T, Hq, D], k and v [1, T, Hkv, D] of a prefill chunk before the rotary embedding -> [1, T, Hq * D]; the
+// q [B, T, Hq, D], k and v [B, T, Hkv, D] of a prefill chunk before the rotary embedding -> [B, T, Hq * D]; the
 // rotary embedding and the cache write of k and v in one op, then attention over the chunk's keys and earlier ones.
+// B > 1: whole prompts (chunk_start 0), each row one sequence's, right-padded (slots -1): causal attention keeps
+// the padding out of the rows before it.
 Tensor Attention::paged_prefill(const Tensor& q_in, const Tensor& k_in, const Tensor& v, const ForwardContext& ctx) const {
   MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "attention", "the KV cache is for inference: use a NoGradGuard");
   const PagedBatch& paged = *ctx.paged;
   const int64_t batch = q_in.size(0), tokens = q_in.size(1), d = config_.head_dim;
   const Tensor& k_pool = paged.cache->keys(layer_index_);
   const Tensor& v_pool = paged.cache->values(layer_index_);
-  MICROLLM_CHECK(batch == 1, ShapeError, "attention", "a paged prefill chunk is one sequence, got a batch of ", batch);
+  MICROLLM_CHECK(batch == 1 || paged.chunk_start == 0, ShapeError, "attention",
+                 "a batch of prefill chunks holds whole prompts (chunk start 0), got a batch of ", batch,
+                 " at chunk start ", paged.chunk_start);
   const auto [q, k] = paged_rope_kv_write(q_in, k_in, v, ctx.positions, config_.rope, k_pool, v_pool, paged.slots);
   // Flash attention over the sequence's earlier keys (from its blocks) and the chunk's own.
   Tensor keys = k, values = v;  // [1, S, Hkv, D]

@@ -164,12 +164,15 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   ForwardContext ctx = context;
   auto [delta, residual] = run_layers(ids, ctx);
   const int64_t tokens = ids.size(1);
-  if (ctx.last_logits_only && ctx.last_row.defined()) {  // a row chosen on the device
-    MICROLLM_CHECK(!autograd::grad_enabled() && ids.size(0) == 1, ValueError, "transformer",
-                   "last_row picks the row of one sequence at inference (no grad), got a batch of ", ids.size(0));
-    const auto row = [&](const Variable& v) {  // embedding(): rows of a [T, width] table gathered by device index
+  if (ctx.last_logits_only && ctx.last_row.defined()) {  // rows chosen on the device
+    const int64_t batch = ids.size(0);
+    MICROLLM_CHECK(!autograd::grad_enabled(), ValueError, "transformer", "last_row is for inference: use a NoGradGuard");
+    MICROLLM_CHECK(ctx.last_row.dim() == 1 && ctx.last_row.size(0) == batch, ShapeError, "transformer",
+                   "last_row must be [B] (one row per sequence), got ", ctx.last_row.shape(), " for ids ", ids.shape());
+    const auto row = [&](const Variable& v) {  // embedding(): rows of a [B * T, width] table gathered by device index
       const int64_t width = v.value().size(-1);
-      return Variable(embedding(v.value().reshape({tokens, width}), ctx.last_row).reshape({1, 1, width}));
+      return Variable(
+          embedding(v.value().reshape({batch * tokens, width}), ctx.last_row).reshape({batch, 1, width}));
     };
     delta = row(delta);
     if (residual.defined()) residual = row(residual);

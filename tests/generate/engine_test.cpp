@@ -124,6 +124,34 @@ TEST_P(EngineTest, BatchedGreedyEqualsEachRequestAlone) {
   }
 }
 
+TEST_P(EngineTest, WholePromptsThatFitOneChunkArePrefilledTogether) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  // A chunk of 64 tokens. The prompts of 5, 12, 9 and 3 tokens share one forward (4 rows of 16); the 30-token
+  // prompt (rows of 32) does not fit with them and goes alone next; the 70-token one is longer than a chunk and
+  // prefills in two; the one-token prompt needs no prefill. The 12-token request samples: its row of the shared
+  // forward keeps its own parameters and seed.
+  SamplingParams sampled;
+  sampled.temperature = 0.8;
+  sampled.top_k = 20;
+  sampled.seed = seed_;
+  std::vector<EngineRequest> requests;
+  for (size_t length : {5, 12, 9, 30, 1, 3, 70}) requests.push_back(request(prompt(length), 6));
+  requests[1].sampling = sampled;
+  EngineOptions options = engine_options();
+  options.max_batch = 8;
+  options.block_size = 4;
+  options.prefill_chunk = 64;
+  Engine engine(*model_, options);
+  expect_each_as_alone(run(engine, requests), requests);
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.prefill_samples, 6u);
+  EXPECT_EQ(stats.prefill_forwards, 4u) << "5 + 12 + 9 + 3, then 30, then 70 in two chunks";
+  if (GetParam().is_cuda()) {
+    EXPECT_EQ(stats.prefill_graph_replays, 3u) << "the shared forward, the 30-token prompt, the first chunk of 70";
+  }
+  EXPECT_EQ(stats.kv_blocks_used, 0);
+}
+
 TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   std::vector<EngineRequest> requests;

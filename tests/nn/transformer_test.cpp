@@ -146,7 +146,7 @@ TEST(Transformer, FillCacheLeavesTheKvThatForwardWouldAndNoLogits) {
   EXPECT_THROW(model.fill_cache(ids, ForwardContext()), ValueError) << "without a cache it would do nothing";
 }
 
-TEST(Transformer, LastRowGivesTheLogitsOfThatRowOnly) {
+TEST(Transformer, LastRowGivesTheLogitsOfThoseRowsOnly) {
   TransformerLM model(small_config(false), 17);
   const Tensor ids = random_ids(1, 9, 11, 15);
   autograd::NoGradGuard no_grad;
@@ -159,10 +159,18 @@ TEST(Transformer, LastRowGivesTheLogitsOfThatRowOnly) {
     ASSERT_EQ(got.shape(), Shape({1, 1, 11}));
     EXPECT_LE(testing::relative_error(got, all.narrow(1, row, 1).contiguous()), 1e-6) << "row " << row;
   }
+  // A batch: each sequence's row as a flat index into its B * T rows.
+  const Tensor two = random_ids(2, 9, 11, 16);
+  const Tensor both = model.forward(two, ForwardContext()).value();  // [2, 9, 11]
   ForwardContext batched;
   batched.last_logits_only = true;
+  batched.last_row = Tensor::from_vector(std::vector<int32_t>{3, 9 + 7}, {2});
+  const Tensor got = model.forward(two, batched).value();
+  ASSERT_EQ(got.shape(), Shape({2, 1, 11}));
+  EXPECT_LE(testing::relative_error(got.select(0, 0), both.select(0, 0).narrow(0, 3, 1).contiguous()), 1e-6);
+  EXPECT_LE(testing::relative_error(got.select(0, 1), both.select(0, 1).narrow(0, 7, 1).contiguous()), 1e-6);
   batched.last_row = Tensor::from_vector(std::vector<int32_t>{0}, {1});
-  EXPECT_THROW(model.forward(random_ids(2, 9, 11, 16), batched), ValueError) << "one sequence only";
+  EXPECT_THROW(model.forward(two, batched), ShapeError) << "one row per sequence";
 }
 
 TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {

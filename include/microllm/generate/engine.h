@@ -4,13 +4,14 @@
 // sampling parameters, token budget and stop ids. Every step() does, on the engine's thread:
 //   1. admission: waiting requests get a batch row and the KV blocks for prompt + max_new_tokens, in arrival
 //      order, while rows and blocks are free (a request that could never fit is refused by submit);
-//   2. one prefill chunk (at most prefill_chunk tokens) of the oldest request still prefilling, so a long
-//      prompt never stalls the sequences already decoding for more than one chunk; the last chunk samples the
-//      request's first token from the prompt's last logits, on the device (a one-token prompt has no prefill:
-//      its first decode step feeds it). On CUDA a chunk's ~300 kernels are replayed from a CUDA graph (one
-//      launch for the host, not ~300) when it is a full chunk before the last (a graph per chunk start) or a
-//      whole prompt that fits one chunk (padded to a power of two, a graph per length); only the last chunk of
-//      a longer prompt runs eagerly;
+//   2. one prefill forward: the whole prompts of the oldest request still prefilling and of the later ones
+//      that fit one chunk (prefill_chunk tokens) with it, a row each, padded; or one chunk of the oldest's
+//      longer prompt, so a long prompt never stalls the sequences already decoding for more than one chunk.
+//      A prompt's last forward samples the request's first token from the prompt's last logits, on the device
+//      (a one-token prompt has no prefill: its first decode step feeds it). On CUDA a forward's ~300 kernels
+//      are replayed from a CUDA graph (one launch for the host, not ~300) when it is a full chunk before a
+//      prompt's last (a graph per chunk start) or whole prompts (rows and lengths padded to powers of two, a
+//      graph per padded shape); only the last chunk of a longer prompt runs eagerly;
 //   3. one decode step for every decoding sequence: one forward over [rows, 1] through the paged cache with
 //      the tokens sampled on the device; on CUDA it is replayed from a CUDA graph captured per (batch bucket,
 //      context bucket). The step's last kernel moves its positions and slots on by one token on the device
@@ -44,7 +45,7 @@ struct EngineOptions {
   int64_t kv_blocks = 0;       // blocks in the pool; 0: kv_memory_fraction of the free device memory (CUDA) or
                                // 1 GiB (CPU), at most max_batch full windows
   double kv_memory_fraction = 0.5;
-  int64_t prefill_chunk = 512;  // prompt tokens per prefill step
+  int64_t prefill_chunk = 512;  // prompt tokens per prefill forward (several whole prompts, padded, or one chunk)
   bool cuda_graphs = true;      // replay decode steps and prefill chunks from CUDA graphs (CUDA only)
   DType dtype = DType::f32;     // compute and KV cache dtype
 };
@@ -64,12 +65,14 @@ struct EngineStats {
   int64_t waiting = 0, prefilling = 0, decoding = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, block_size = 0;
   uint64_t steps = 0, decode_steps = 0, graph_replays = 0, graphs_captured = 0;  // graphs: decode and prefill
-  uint64_t prefill_graph_replays = 0;  // prefill chunks replayed from a graph (graph_replays counts decode steps)
+  uint64_t prefill_forwards = 0;       // prefill forwards run: chunks of a long prompt, batches of whole prompts
+  uint64_t prefill_graph_replays = 0;  // prefill forwards replayed from a graph (graph_replays counts decode steps)
   uint64_t greedy_decode_steps = 0;  // decode steps whose every row was greedy (SamplerRows::greedy_only)
   uint64_t decoded_sequences = 0;  // tokens decode steps gave their sequences: / decode_steps is the mean batch
   uint64_t input_uploads = 0;      // decode steps that uploaded their positions and slots: the others found
                                    // them moved on by the step before, on the device (the batch was the same)
-  uint64_t prefill_samples = 0;    // first tokens sampled by a prefill's last chunk (every prompt of 2+ tokens)
+  uint64_t prefill_samples = 0;    // first tokens sampled by a prompt's last prefill forward (every prompt of 2+
+                                   // tokens): / prefill_forwards > 1 when whole prompts were batched
   uint64_t discarded_rows = 0;     // rows fed for a sequence that had ended by the time their step was read
   uint64_t prompt_tokens = 0, generated_tokens = 0;
 };

@@ -25,9 +25,10 @@ struct ForwardContext {
   Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
   const PagedBatch* paged = nullptr;  // inference over a paged KV cache (nn/paged_kv_cache.h), instead of cache
   bool last_logits_only = false;      // TransformerLM::forward returns each sequence's last logits: [B, 1, vocab]
-  // With last_logits_only and one sequence (B == 1, inference): i32 [1] on the model's device, the row whose
-  // logits are returned instead of row T - 1, so that a chunk padded past its last token can be replayed from
-  // a CUDA graph (the row is data, not a launch argument).
+  // With last_logits_only at inference: i32 [B] on the model's device, for each sequence the row (a flat index
+  // b * T + t into the batch's B * T rows) whose logits are returned instead of its row T - 1, so that prompts
+  // padded past their last tokens can be batched and replayed from a CUDA graph (the rows are data, not launch
+  // arguments).
   Tensor last_row;
 };
 

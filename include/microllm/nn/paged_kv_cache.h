@@ -8,7 +8,8 @@
 //                 the block table on the device, so nothing about the step is a host-side kernel argument and
 //                 the whole step can be replayed from a CUDA graph;
 //   prefill chunk one sequence (B = 1), tokens [chunk_start, chunk_start + T): flash attention over the chunk,
-//                 after gathering the sequence's earlier keys from its blocks when chunk_start > 0.
+//                 after gathering the sequence's earlier keys from its blocks when chunk_start > 0; or several
+//                 whole prompts (chunk_start 0), one a row, right-padded to T with slots -1.
 #pragma once
 
 #include <vector>
@@ -46,7 +47,8 @@ struct PagedBatch {
   Tensor seq_ids;          // [B]: each row's row of block_tables
   Tensor query_positions;  // [B]: each row's position (it attends to keys 0..position); < 0 = padding
   int64_t max_context = 0;  // a bound on position + 1 over the rows (0: the block table's capacity)
-  // Prefill chunk (B == 1): the chunk's first position and its sequence's row of block_tables.
+  // Prefill chunk: the chunk's first position and its sequence's row of block_tables (B == 1), or 0 for a batch
+  // of whole prompts (B >= 1, one a row).
   int64_t chunk_start = -1;
   int64_t chunk_row = 0;
 };
