@@ -58,6 +58,13 @@ class EngineTest : public testing::DeviceTest {
     p.temperature = 0;
     return p;
   }
+  static SamplingParams top_k(double temperature, int64_t k, uint64_t seed) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.top_k = k;
+    p.seed = seed;
+    return p;
+  }
 
   // Submits every request (tracking results by id) and runs the engine until idle.
   std::map<uint64_t, Generation> run(Engine& engine, const std::vector<EngineRequest>& requests) {
@@ -130,13 +137,9 @@ TEST_P(EngineTest, WholePromptsThatFitOneChunkArePrefilledTogether) {
   // prompt (rows of 32) does not fit with them and goes alone next; the 70-token one is longer than a chunk and
   // prefills in two; the one-token prompt needs no prefill. The 12-token request samples: its row of the shared
   // forward keeps its own parameters and seed.
-  SamplingParams sampled;
-  sampled.temperature = 0.8;
-  sampled.top_k = 20;
-  sampled.seed = seed_;
   std::vector<EngineRequest> requests;
   for (size_t length : {5, 12, 9, 30, 1, 3, 70}) requests.push_back(request(prompt(length), 6));
-  requests[1].sampling = sampled;
+  requests[1].sampling = top_k(0.8, 20, seed_);
   EngineOptions options = engine_options();
   options.max_batch = 8;
   options.block_size = 4;
@@ -179,10 +182,7 @@ TEST_P(EngineTest, SampledRequestsEqualGenerateWithTheirSeeds) {
 // holding a sampled request's params in an all-greedy step would throw (the CPU kernel checks the promise, the CUDA one reports it).
 TEST_P(EngineTest, MixedGreedyAndSampledRequestsEqualEachRequestAlone) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  SamplingParams sampled;
-  sampled.temperature = 0.9;
-  sampled.top_k = 20;
-  sampled.seed = seed_;
+  const SamplingParams sampled = top_k(0.9, 20, seed_);
   SamplingParams penalized_greedy = greedy();
   penalized_greedy.repetition_penalty = 1.4;
   penalized_greedy.frequency_penalty = 0.3;
