@@ -447,8 +447,11 @@ struct Engine::Impl {
     auto longest = static_cast<int64_t>(front.request.prompt.size());
     bool after_front = false;
     for (const auto& s : running) {
-      if (s.get() == &front) after_front = true;
-      if (!after_front || s->next_token >= 0 || s->cached > 0 || s.get() == &front) continue;
+      if (!after_front) {
+        after_front = s.get() == &front;
+        continue;
+      }
+      if (s->next_token >= 0 || s->cached > 0) continue;  // decoding, or the front's chunks (only it has any)
       const int64_t length = std::max(longest, static_cast<int64_t>(s->request.prompt.size()));
       const int64_t prompt_rows = padded_rows(static_cast<int64_t>(group.size()) + 1);
       if (prompt_rows * prompt_bucket(length) > options.prefill_chunk) continue;
