@@ -9,8 +9,9 @@
 //             end to end; tokens/s counts the B x N generated tokens (the JSON also has prompt + generated).
 // --path engine (the default) runs each repetition as requests to a generate::Engine, the serving path:
 // paged KV cache, prefill forwards of at most --prefill-chunk tokens (whole prompts batched), decode steps
-// replayed from CUDA graphs, sampling on the device. --path plain runs TransformerLM::forward over a contiguous KvCache, the ids of each step
-// chosen by argmax on the device and copied to the host (the loop before the engine, kept for comparison).
+// replayed from CUDA graphs, sampling on the device. --path plain runs TransformerLM::forward over a contiguous
+// KvCache, the ids of each step chosen by argmax on the device and copied to the host (the loop before the
+// engine, kept for comparison).
 // The device is synchronized at the end of every timed repetition; KV caches are allocated before the clock
 // starts (an engine's CUDA graphs are captured in the warm-up). --preset and --config build the model with
 // random weights (no checkpoint needed). A test given on the command line that cannot run (longer than the
