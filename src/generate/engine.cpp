@@ -1,6 +1,7 @@
 #include "microllm/generate/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -32,6 +33,11 @@ constexpr int64_t kMinPromptBucket = 16;
 constexpr size_t kMaxChunkGraphs = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The smallest power of two >= max(n, least): the engine's bucket sizes (graph shapes).
+int64_t pow2_bucket(int64_t n, int64_t least = 1) {
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, least))));
+}
 
 // Rows of a decode step's inputs (i32 [kStepRows, max_batch]). The step's last kernel moves them on by one
 // token (paged_decode_advance), so they are uploaded (in one copy) only when the next step wants something
@@ -440,8 +446,8 @@ struct Engine::Impl {
   }
 
   // `front` and the sequences after it not yet started whose whole prompts fit one forward with it: the rows
-  // (padded_rows) times the longest prompt's bucket (prompt_bucket) within prefill_chunk. A prompt longer than a
-  // chunk never joins (its bucket is the whole chunk); it is chunked alone when it reaches the front.
+  // (padded to a power of two) times the longest prompt's bucket (prompt_bucket) within prefill_chunk. A prompt
+  // longer than a chunk never joins (its bucket is the whole chunk); it is chunked alone when it reaches the front.
   std::vector<Sequence*> whole_prompts(Sequence& front) const {
     std::vector<Sequence*> group{&front};
     auto longest = static_cast<int64_t>(front.request.prompt.size());
@@ -453,7 +459,7 @@ struct Engine::Impl {
       }
       if (s->next_token >= 0 || s->cached > 0) continue;  // decoding, or the front's chunks (only it has any)
       const int64_t length = std::max(longest, static_cast<int64_t>(s->request.prompt.size()));
-      const int64_t prompt_rows = padded_rows(static_cast<int64_t>(group.size()) + 1);
+      const int64_t prompt_rows = pow2_bucket(static_cast<int64_t>(group.size()) + 1);
       if (prompt_rows * prompt_bucket(length) > options.prefill_chunk) continue;
       group.push_back(s.get());
       longest = length;
@@ -461,16 +467,8 @@ struct Engine::Impl {
     return group;
   }
 
-  static int64_t padded_rows(int64_t count) {
-    int64_t padded = 1;
-    while (padded < count) padded *= 2;
-    return padded;
-  }
-
   int64_t prompt_bucket(int64_t length) const {
-    int64_t bucket = kMinPromptBucket;
-    while (bucket < length) bucket *= 2;
-    return std::min(bucket, options.prefill_chunk);
+    return std::min(pow2_bucket(length, kMinPromptBucket), options.prefill_chunk);
   }
 
   // Each sequence of `group` starts decoding with its first token sampled from its row of `logits`
@@ -504,7 +502,7 @@ struct Engine::Impl {
       longest = std::max(longest, spans.back().count);
     }
     if (stream && options.cuda_graphs) {
-      const PromptGraph& g = prompt_graph(padded_rows(static_cast<int64_t>(group.size())), prompt_bucket(longest));
+      const PromptGraph& g = prompt_graph(pow2_bucket(static_cast<int64_t>(group.size())), prompt_bucket(longest));
       upload_chunks(g.inputs, g.last_rows, spans);
       g.graph.replay();
       count_prefill_replay();
@@ -734,9 +732,8 @@ struct Engine::Impl {
     for (const auto& s : running) {
       if (s->next_token >= 0 && s->row < batch_rows) all_greedy = all_greedy && s->request.sampling.temperature == 0;
     }
-    int64_t context = kMinContextBucket;
-    while (context < longest) context *= 2;
-    context = std::min(context, max_blocks_per_sequence * options.block_size);
+    const int64_t window = max_blocks_per_sequence * options.block_size;
+    const int64_t context = std::min(pow2_bucket(longest, kMinContextBucket), window);
 
     // The step's inputs: rows not fed feed whatever id their tokens entry holds at rope position 0, attend to
     // nothing (-1) and write nowhere (-1); their samples are ignored.
