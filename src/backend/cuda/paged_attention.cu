@@ -18,7 +18,7 @@ namespace microllm {
 namespace cuda_kernels::paged {
 namespace {
 
-constexpr int kRowsPerCta = 8;      // query heads per CTA (of one kv head); 1 when the grid would be small
+constexpr int kRowsPerCta = 8;  // query heads per CTA (of one kv head); 1 when the grid would be small
 constexpr int kMaxChunk = 256;
 constexpr int kMinSplitChunk = 64;
 // Past one chunk the splits aim at this many CTAs per SM (paged_kernels.cuh's header comment). Measured in the model
@@ -26,7 +26,7 @@ constexpr int kMinSplitChunk = 64;
 // 1,690 and half an SM 1,626-1,632: a split of 128 keys stages its rows in one round trip as a split of 64
 // does, and the combine merges half as many.
 constexpr int kSplitCtasPerSm = 1;
-constexpr int64_t kStageBudget = 96 * 1024;  // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
+constexpr int64_t kStageBudget = 96 * 1024;        // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
 constexpr int64_t kStageBudgetAlone = 144 * 1024;  // one query head per CTA (a small grid): one CTA per SM is
                                                    // fine, and 256 keys of D 128 fit one split (no combine)
 constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory at most: the budget + its f32 rows
@@ -114,6 +114,15 @@ void with_head_dim(int dim, F&& f) {
     f.template operator()<128>();
   else
     f.template operator()<0>();
+}
+
+// Whether the staged kernels' CTAs of R rows compute their scores and P V on the tensor cores for this head dim
+// (decode_mma.cuh), which moves the launch policies' limits below.
+template <typename T, int R>
+bool staged_on_tensor_cores(int dim) {
+  bool on = false;
+  with_head_dim(dim, [&]<int kDim>() { on = decode_phases::kStagedOnTensorCores<T, R, kDim>; });
+  return on;
 }
 
 // The combine-projected kernel for `replicas` clusters a token: rows staged in shared memory past one.
@@ -329,17 +338,19 @@ std::atomic<bool>& token_clusters_flag() {
 // paged_decode_attention_projected past one split in one kernel (paged_token_cluster_kernel): where a context past
 // one chunk would take the splits and their merge, at most kMaxProjectedTokens tokens, a GQA group within one CTA's
 // rows, the token's kv heads x slices within a cluster with a CTA for every query head, and a slice of max_context
-// within one chunk (kMaxChunk keys: 2,048 for 2 kv heads), staged whole. Replicas (plan_projection) within half the
-// SMs, as launch_projected's: each repeats the token's attention, and they sit beside the qkv kernel's CTAs.
-// Returns false, having launched nothing, anywhere else.
+// of at most kMaxTokenClusterChunk keys where the phases run on the tensor cores (a 4,096-key graph for 2 kv heads),
+// kMaxChunk on the CUDA cores, staged whole. Replicas (plan_projection) within half the SMs, as launch_projected's:
+// each repeats the token's attention, and they sit beside the qkv kernel's CTAs. Returns false, having launched
+// nothing, anywhere else.
 // Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 11:40 UTC, against the splits in the same call, two passes;
 // docs/perf/inference.md): 512:2:64 2,234 -> 2,401 tok/s, 1024:2:64 2,153 -> 2,278, 512:1:64 1,195 -> 1,345,
 // 1024:1:64 1,176 -> 1,290; 4 replicas at batch 2 (all the SMs) 2,329 and 2,201 instead.
-// Why not longer contexts (measured in the model, docs/perf/inference.md): a slice of a 4,096-key graph staged whole
-// (197 KB a CTA) lost to the splits (1,601 against 2,039 tok/s at 2048:2:64), and so did slices in passes of 256 or
-// 128 keys with an online softmax between them (1,746 and 1,757 against 2,060): a CTA's 8 query heads over a few
-// hundred keys on the CUDA cores take longer than the splits' 128 keys over twice the SMs. (One token past 2,048 keys
-// takes head clusters instead, a cluster a kv head: launch_head_clusters.)
+// The slices of a 4,096-key graph (512 keys for 2 kv heads) lost while the CTAs' phases ran on the CUDA cores (staged
+// whole 1,601 against the splits' 2,039 tok/s at 2048:2:64; in passes of 256 or 128 keys 1,746 and 1,757 against
+// 2,060); on the tensor cores (decode_mma.cuh) they beat head clusters (which took that graph before) where the
+// context fills half the graph, and lose to them past that (2026-12-03 09:05 UTC, one call, two passes, medians of 3):
+// 2048:2:64 2,501-2,503 -> 2,528-2,531 tok/s, 3072:2:64 2,103-2,107 -> 2,073-2,075. The target's workload decides.
+constexpr int64_t kMaxTokenClusterChunk = 512;
 template <typename T>
 bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
                           cudaStream_t stream) {
@@ -352,7 +363,7 @@ bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int
   const int slices = kMaxClusterCtas / a.kv_heads, ctas = a.kv_heads * slices;
   if (slices < a.group) return false;  // CTA h merges query head h: a CTA for every query head
   const int64_t chunk = ((max_context + slices - 1) / slices + 31) / 32 * 32;
-  if (chunk > kMaxChunk) return false;
+  if (chunk > (staged_on_tensor_cores<T, R>(a.dim) ? kMaxTokenClusterChunk : kMaxChunk)) return false;
   a.slices = slices;
   const size_t regions_bytes = size_staged<T, R>(a, chunk) + R * a.dim * sizeof(float);  // and o's sums, po
   const int64_t proj_offset = static_cast<int64_t>(regions_bytes + 15) / 16 * 16;
@@ -414,26 +425,31 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // paged_decode_attention_projected past a token's cluster (launch_token_cluster declined: a slice of max_context past
 // one chunk, e.g. a 4,096-key graph with 2 kv heads) in one kernel: paged_token_cluster_kernel with kHeadClusters,
 // clusters of kMaxClusterCtas slices of one kv head, kv_heads clusters a token, each projecting its heads' part of
-// the input and the last of them to arrive summing the parts (merge_partial_columns). At most kMaxHeadClusterTokens
+// the input and the last of them to arrive summing the parts (merge_partial_columns). At most max_head_cluster_tokens
 // tokens, at least 2 kv heads (one kv head is a token's cluster), a GQA group within a CTA's rows and a CTA for each
 // of the group's query heads, and a slice within one chunk: up to 4,096 keys. Replicas (plan_projection) within half
 // the SMs, as launch_token_cluster's. Returns false, having launched nothing, anywhere else.
 // Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 18:55-19:05 UTC, against the splits and their projected merge
 // in the same calls, two passes each; docs/perf/inference.md): one token, 2048:1:64 1,151-1,152 -> 1,200-1,203 tok/s
-// (4.4%); two tokens (kernel and tests allow them, the policy does not) 2048:2:64 2,087-2,091 -> 2,057-2,070 (with
-// o_weight's rows staged: 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's
-// cluster takes the context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298).
-// R1-Distill-1.5B's rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or
-// four replicas it lost (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC). Two tokens again at 22:35-22:42 UTC on two
-// other machines: 2048:2:64 +1.5% on one, -0.8% on the other, so the policy stays at one.
-constexpr int64_t kMaxHeadClusterTokens = 1;
+// (4.4%); two tokens 2048:2:64 2,087-2,091 -> 2,057-2,070 (with o_weight's rows staged: 2,072-2,073) while 3072:2:64
+// gained 1.7% (both in the 4,096-key graph), and where a token's cluster takes the context head clusters lost to it
+// (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298). R1-Distill-1.5B's rows fit no budget here either
+// (48 columns of 768 a CTA at two replicas); forced into three or four replicas it lost (2048:1:64 544 -> 534 / 442
+// tok/s, 19:15 UTC). With the CTAs' phases on the tensor cores two tokens won (2026-12-02 10:30 UTC: 2048:2:64 2,386
+// -> 2,443 tok/s, 3072:2:64 2,076 -> 2,109; and 2,103-2,107 against 2,073-2,075 for a token's cluster of 512-key
+// slices at 3072:2:64, 2026-12-03 09:05 UTC), so the limit is 2 there and 1 on the CUDA cores.
+template <typename T>
+int64_t max_head_cluster_tokens(int dim) {
+  return staged_on_tensor_cores<T, kRowsPerCta>(dim) ? 2 : 1;
+}
+
 template <typename T>
 bool launch_head_clusters(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, Device dev,
                           cudaStream_t stream) {
   constexpr int R = kRowsPerCta;
   const int device = dev.index;
   if (!projection_fused() || !head_clusters_flag().load(std::memory_order_relaxed) || compute_capability(device) < 90 ||
-      tokens > kMaxHeadClusterTokens || a.group > R || a.kv_heads < 2 ||
+      tokens > max_head_cluster_tokens<T>(a.dim) || a.group > R || a.kv_heads < 2 ||
       one_head_per_cta(a, tokens, max_context, sms)) {
     return false;
   }
@@ -551,8 +567,8 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
     } else if (fast) {
-      pg::launch_staged<T, false>(a, pg::RopeFreq{}, tokens, max_context,
-                                  multiprocessor_count(launch.device), out.device(), launch.stream);
+      pg::launch_staged<T, false>(a, pg::RopeFreq{}, tokens, max_context, multiprocessor_count(launch.device),
+                                  out.device(), launch.stream);
     } else {
       const size_t smem = pg::kSimpleKeys * sizeof(int64_t) + (2 * a.dim + pg::kSimpleKeys + 32) * sizeof(float);
       if (smem > 48 * 1024) {
@@ -587,8 +603,8 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_decode_attention", DType::f64);
     } else {
-      pg::launch_staged<T, true>(a, freq, tokens, max_context, multiprocessor_count(launch.device),
-                                 out.device(), launch.stream);
+      pg::launch_staged<T, true>(a, freq, tokens, max_context, multiprocessor_count(launch.device), out.device(),
+                                 launch.stream);
     }
   });
 }

@@ -15,7 +15,8 @@
 //     graph sized for max_context cheap while sequences are short), then stages its chunk's K and V rows in
 //     shared memory with cp.async, every copy in flight at once (one DRAM round trip, not one per key), then:
 //     scores (a thread per key), chunk max and sum (a warp per row), o = sum p v (a thread per 8-dim slice and
-//     key slice, summed over the warp's key slices with shuffles, then over warps in shared memory). With one
+//     key slice, summed over the warp's key slices with shuffles, then over warps in shared memory); a CTA of 8
+//     rows in bf16/f16 computes the scores and o on the tensor cores instead (decode_mma.cuh). With one
 //     split it writes out directly (o / l); otherwise (m, l, o) per row and split in f32.
 //   combine kernel (more than one split): one block per query row merges the splits that ran:
 //     out = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
@@ -49,6 +50,7 @@
 
 #include "../../core/cuda/device_errors.h"
 #include "common.cuh"
+#include "decode_mma.cuh"
 #include "decode_phases.cuh"
 #include "paged_projection.cuh"
 #include "rope.cuh"
@@ -257,14 +259,14 @@ __device__ __forceinline__ void take_new_key_value(const PagedArgs& a, const Rop
 }
 
 // Phases 1-3 over nk staged keys (sk, sv [nk][pitch]) for the R query rows in sq (nr of them real), after the
-// barrier that publishes the staged rows: scores (a thread per key), each row's max m and sum l of exp(s - m)
-// (sm, sl [R]; a warp per row), and o = sum p v (a thread per 8-dim slice and key slice, the warp's key slices
-// summed with shuffles). Leaves o's per-warp sums in red [warps][R][D] (which aliases the staged rows: they are
-// dead by then), so o_r[d] = sum over w of red[(w * R + r) * D + d], published by a final barrier.
+// barrier that publishes the staged rows, on the CUDA cores: scores (a thread per key), each row's max m and sum l
+// of exp(s - m) (sm, sl [R]; a warp per row), and o = sum p v (a thread per 8-dim slice and key slice, the warp's
+// key slices summed with shuffles). Leaves o's per-warp sums in red [warps][R][D] (which aliases the staged rows:
+// they are dead by then), so o_r[d] = sum over w of red[(w * R + r) * D + d], published by a final barrier.
 template <typename T, int R>
-__device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
-                                                   const T* sk, const T* sv, const float* sq, float* sc, float* sm,
-                                                   float* sl, const int* bad, float* red) {
+__device__ __forceinline__ void attend_on_cuda_cores(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
+                                                     const T* sk, const T* sv, const float* sq, float* sc, float* sm,
+                                                     float* sl, const int* bad, float* red) {
   // (threadIdx.x unsigned: the lane and warp arithmetic below compiles to masks and shifts)
   // ---- phase 1: scores, one key per thread, all rows at once ----
   for (int jj = threadIdx.x; jj < nk; jj += kStagedThreads) {
@@ -312,6 +314,28 @@ __device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, in
       for (int e = 0; e < 8; ++e) red[(warp * R + r) * D + (lane % dims8) * 8 + e] = acc[r][e];
   }
   __syncthreads();
+}
+
+// The same phases and results (up to the order of the sums) where a CTA holds 8 rows in bf16 or f16 of a compiled
+// head dim: phases 1 and 3 on the tensor cores (decode_mma.cuh), after zeroing V's rows from nk up to the next 16
+// keys (which the MMAs read). The choice is the kernel's template arguments', never the data's.
+template <typename T, int R, int kDim>
+__device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, int chunk, int pitch, int nk, int nr,
+                                                   const T* sk, T* sv, const float* sq, float* sc, float* sm, float* sl,
+                                                   const int* bad, float* red) {
+  if constexpr (decode_phases::kStagedOnTensorCores<T, R, kDim>) {
+    const int padding = (nk + 15) / 16 * 16 - nk;  // within the chunk: a multiple of 32 keys
+    for (int idx = threadIdx.x; idx < padding * kDim; idx += kStagedThreads) {
+      sv[(nk + idx / kDim) * pitch + idx % kDim] = from_acc<T>(0.f);
+    }
+    decode_phases::scores_mma<T, kDim, kStagedWarps>(sk, pitch, sq, nk, chunk, nr, a.scale, bad, sc);
+    __syncthreads();  // the scores and V's zeroed rows
+    decode_phases::softmax_rows<R>(sc, chunk, nk, sm, sl, kStagedWarps);
+    __syncthreads();
+    decode_phases::accumulate_pv_mma<T, kDim, kStagedWarps>(sv, pitch, sc, chunk, nk, red);
+  } else {
+    attend_on_cuda_cores<T, R>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
+  }
 }
 
 // kProject, the o projection after phase 3 (R = 1, one split, kDirect, kFused; paged_projection.cuh): each
@@ -429,7 +453,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   copy_async_wait_all();
   __syncthreads();
 
-  attend_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
+  attend_staged_keys<T, R, kDim>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
   for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
     const int r = idx / D, d = idx % D;
     float o = 0.f;
@@ -598,7 +622,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
   if (holds_new) take_new_key_value(a, freq, n, hk, tok, nk - 1, first_replica, hk == 0, D, pitch, sk, sv, bad);
   copy_async_wait_all();
   __syncthreads();
-  attend_staged_keys<T, R>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
+  attend_staged_keys<T, R, kDim>(a, D, chunk, pitch, nk, nr, sk, sv, sq, sc, sm, sl, bad, red);
   for (int idx = tid; idx < nr * D; idx += kStagedThreads) {
     float o = 0.f;
 #pragma unroll
