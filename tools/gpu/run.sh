@@ -40,6 +40,9 @@
 #   gemv-profile     Nsight Compute sections of the decode GEMV and of cuBLASLt on one cuda_ops_bench row
 #                    (GEMV_PROFILE_OP, default Qwen2.5-0.5B's folded gate_up)
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
+#   workload-profile every kernel of the target's workload (WORKLOAD_PROFILE, default 2048:2:6: the batched prefill
+#                    and 5 decode steps over 2K keys, warm-up and timed run) timed alone by Nsight Compute, grouped
+#                    by tools/gpu/ncu_kernel_table.py
 #   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
 #                    when ncu exists, every kernel of a few B1 decode steps timed alone (NCU_KERNELS, NCU_BATCH)
 #   infer            infer-bench then infer-serve (an estimate of 5-8 min together, not measured yet; each is
@@ -410,6 +413,20 @@ step_engine_profile() {
   fi
 }
 
+# The target's workload on Qwen2.5-0.5B under Nsight Compute: each kernel node of the prefill and decode graphs
+# timed alone (caches and clocks left as they are), grouped by kernel (prefill and decode kernels differ by name).
+step_workload_profile() {
+  local ncu_bin
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || { echo "== no ncu on this machine"; return; }
+  timeout 300 "$ncu_bin" --graph-profiling node --metrics gpu__time_duration.sum --clock-control none \
+    --cache-control none --csv --launch-count ${NCU_KERNELS:-3000} "$bin/microllm" bench \
+    --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 -p 0 -n 0 \
+    --workload "${WORKLOAD_PROFILE:-2048:2:6}" -r 1 > "$RES/ncu_workload.csv" 2> "$RES/logs/ncu_workload.log"
+  echo "== ncu workload ${WORKLOAD_PROFILE:-2048:2:6}: exit $?"
+  python3 tools/gpu/ncu_kernel_table.py "$RES/ncu_workload.csv" --name-width 90 | tee "$RES/ncu_workload.md"
+}
+
 # microllm serve needs a model directory: random weights from transformers (bf16) and a real tokenizer.
 step_infer_serve() {
   local model=/tmp/serve-qwen2.5-0.5b tokenizer=() clients=${SERVE_CLIENTS:-64} server
@@ -457,6 +474,7 @@ for step in "${steps[@]}"; do
     rms-sweep) step_rms_sweep ;;
     engine-bench) step_engine_bench ;;
     engine-profile) step_engine_profile ;;
+    workload-profile) step_workload_profile ;;
     decode-ab) step_decode_ab ;;
     lib-ab) step_lib_ab ;;
     prefill-profile) step_prefill_profile ;;
