@@ -41,7 +41,7 @@
 #                    (GEMV_PROFILE_OP, default Qwen2.5-0.5B's folded gate_up)
 #   engine-bench     microllm bench on the Qwen2.5-0.5B config, bf16, --path engine and --path plain
 #   workload-profile every kernel of the target's workload (WORKLOAD_PROFILE, default 2048:2:6: the batched prefill
-#                    and 5 decode steps over 2K keys, warm-up and timed run) timed alone by Nsight Compute, grouped
+#                    and 5 decode steps over 2K keys, one run) timed alone by Nsight Compute, grouped
 #                    by tools/gpu/ncu_kernel_table.py
 #   engine-profile   microllm bench --op-times (per-op CUDA event times) and, when nsys exists, its kernel table;
 #                    when ncu exists, every kernel of a few B1 decode steps timed alone (NCU_KERNELS, NCU_BATCH)
@@ -422,7 +422,7 @@ step_workload_profile() {
   timeout 300 "$ncu_bin" --graph-profiling node --metrics gpu__time_duration.sum --clock-control none \
     --cache-control none --csv --launch-count ${NCU_KERNELS:-3000} "$bin/microllm" bench \
     --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 -p 0 -n 0 \
-    --workload "${WORKLOAD_PROFILE:-2048:2:6}" -r 1 > "$RES/ncu_workload.csv" 2> "$RES/logs/ncu_workload.log"
+    --workload "${WORKLOAD_PROFILE:-2048:2:6}" -r 1 --warmup 0 > "$RES/ncu_workload.csv" 2> "$RES/logs/ncu_workload.log"
   echo "== ncu workload ${WORKLOAD_PROFILE:-2048:2:6}: exit $?"
   python3 tools/gpu/ncu_kernel_table.py "$RES/ncu_workload.csv" --name-width 90 | tee "$RES/ncu_workload.md"
 }
