@@ -44,7 +44,7 @@
 // The wgmma are asynchronous only as long as ptxas can prove no other instruction touches an accumulator
 // before its wait; otherwise it serializes every wgmma of the kernel (ptxas -v: "C7514 ... wgmma.mma_async
 // instructions are serialized"), silently: the results stay right. That happened to this kernel's predecessor
-// for a day (docs/perf/inference.md, changes of 2026-12-01 06:13-06:55 UTC); tools/check_wgmma_async.sh (run by
+// for a day (docs/perf/inference-history.md, changes of 2026-12-01 06:13-06:55 UTC); tools/check_wgmma_async.sh (run by
 // .ci/run) fails if C7514 comes back.
 // Measured and not kept (06:43 UTC, the predecessor): S of tile j + 1 and P V of tile j - 1 both in flight during
 // tile j's softmax (two S register sets, four stages, 64-key tiles): D128 B1 T2048 58 -> 68-72 us, D64 47 -> 51-63.

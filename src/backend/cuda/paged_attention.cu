@@ -343,7 +343,7 @@ std::atomic<bool>& token_clusters_flag() {
 // each repeats the token's attention, and they sit beside the qkv kernel's CTAs. Returns false, having launched
 // nothing, anywhere else.
 // Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 11:40 UTC, against the splits in the same call, two passes;
-// docs/perf/inference.md): 512:2:64 2,234 -> 2,401 tok/s, 1024:2:64 2,153 -> 2,278, 512:1:64 1,195 -> 1,345,
+// docs/perf/inference-history.md): 512:2:64 2,234 -> 2,401 tok/s, 1024:2:64 2,153 -> 2,278, 512:1:64 1,195 -> 1,345,
 // 1024:1:64 1,176 -> 1,290; 4 replicas at batch 2 (all the SMs) 2,329 and 2,201 instead.
 // The slices of a 4,096-key graph (512 keys for 2 kv heads) lost while the CTAs' phases ran on the CUDA cores (staged
 // whole 1,601 against the splits' 2,039 tok/s at 2048:2:64; in passes of 256 or 128 keys 1,746 and 1,757 against
@@ -430,14 +430,15 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // of the group's query heads, and a slice within one chunk: up to 4,096 keys. Replicas (plan_projection) within half
 // the SMs, as launch_token_cluster's. Returns false, having launched nothing, anywhere else.
 // Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 18:55-19:05 UTC, against the splits and their projected merge
-// in the same calls, two passes each; docs/perf/inference.md): one token, 2048:1:64 1,151-1,152 -> 1,200-1,203 tok/s
-// (4.4%); two tokens 2048:2:64 2,087-2,091 -> 2,057-2,070 (with o_weight's rows staged: 2,072-2,073) while 3072:2:64
-// gained 1.7% (both in the 4,096-key graph), and where a token's cluster takes the context head clusters lost to it
-// (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298). R1-Distill-1.5B's rows fit no budget here either
-// (48 columns of 768 a CTA at two replicas); forced into three or four replicas it lost (2048:1:64 544 -> 534 / 442
-// tok/s, 19:15 UTC). With the CTAs' phases on the tensor cores two tokens won (2026-12-02 10:30 UTC: 2048:2:64 2,386
-// -> 2,443 tok/s, 3072:2:64 2,076 -> 2,109; and 2,103-2,107 against 2,073-2,075 for a token's cluster of 512-key
-// slices at 3072:2:64, 2026-12-03 09:05 UTC), so the limit is 2 there and 1 on the CUDA cores.
+// in the same calls, two passes each; docs/perf/inference-history.md): one token, 2048:1:64 1,151-1,152 ->
+// 1,200-1,203 tok/s (4.4%); two tokens 2048:2:64 2,087-2,091 -> 2,057-2,070 (with o_weight's rows staged:
+// 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's cluster takes the
+// context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298). R1-Distill-1.5B's
+// rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or four replicas it lost
+// (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC). With the CTAs' phases on the tensor cores two tokens won (2026-12-02
+// 10:30 UTC, docs/perf/inference.md: 2048:2:64 2,386 -> 2,443 tok/s, 3072:2:64 2,076 -> 2,109; and 2,103-2,107
+// against 2,073-2,075 for a token's cluster of 512-key slices at 3072:2:64, 2026-12-03 09:05 UTC), so the limit is 2
+// there and 1 on the CUDA cores.
 template <typename T>
 int64_t max_head_cluster_tokens(int dim) {
   return staged_on_tensor_cores<T, kRowsPerCta>(dim) ? 2 : 1;
