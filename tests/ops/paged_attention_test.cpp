@@ -343,13 +343,16 @@ TEST_P(PagedAttentionTest, ContractErrorsNameTheOpAndTheArgument) {
 struct DecodeStep {
   Tensor qkv, q, k, v, slots;
 };
-DecodeStep make_step(const Cache& c, DType dtype, Device device) {
-  DecodeStep s;
+// The step over a given QKV projection [rows, (Hq + 2 Hkv) * D] and slots: q, k, v as its views.
+DecodeStep step_of(const Cache& c, const Tensor& qkv, const Tensor& slots) {
   const int64_t n = rows(c), d = c.dim;
-  s.qkv = random_tensor({n, (c.q_heads + 2 * c.kv_heads) * d}, dtype, device, -2, 2);
-  s.q = s.qkv.narrow(1, 0, c.q_heads * d).view({n, c.q_heads, d});
-  s.k = s.qkv.narrow(1, c.q_heads * d, c.kv_heads * d).view({n, c.kv_heads, d});
-  s.v = s.qkv.narrow(1, (c.q_heads + c.kv_heads) * d, c.kv_heads * d).view({n, c.kv_heads, d});
+  return {qkv, qkv.narrow(1, 0, c.q_heads * d).view({n, c.q_heads, d}),
+          qkv.narrow(1, c.q_heads * d, c.kv_heads * d).view({n, c.kv_heads, d}),
+          qkv.narrow(1, (c.q_heads + c.kv_heads) * d, c.kv_heads * d).view({n, c.kv_heads, d}), slots};
+}
+DecodeStep make_step(const Cache& c, DType dtype, Device device) {
+  const int64_t n = rows(c);
+  const Tensor qkv = random_tensor({n, (c.q_heads + 2 * c.kv_heads) * c.dim}, dtype, device, -2, 2);
   std::vector<int32_t> slots;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t pos = c.pos[r];
@@ -358,8 +361,7 @@ DecodeStep make_step(const Cache& c, DType dtype, Device device) {
                         : c.tables[c.seq[r] * c.max_blocks + pos / c.block_size] * static_cast<int32_t>(c.block_size) +
                               static_cast<int32_t>(pos % c.block_size));
   }
-  s.slots = Tensor::from_vector(slots, {n}).to(device);
-  return s;
+  return step_of(c, qkv, Tensor::from_vector(slots, {n}).to(device));
 }
 
 // On this device: paged_decode_attention into a NaN-filled out on random pools, against rope + paged_kv_write +
@@ -421,22 +423,19 @@ TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
 // ---- paged_decode_attention_projected: the decode step and the o projection against the two ops ----
 
 // The reference result of paged_decode_attention_projected for step s over the pools (before the step's write):
-// the same inputs widened to f32 (copies: the pools are written), through the CPU's paged_decode_attention and
+// the same inputs widened to f32 (the pools copied: the op writes them), through the CPU's paged_decode_attention and
 // linear_add. f32, not f64: the rotary angles are computed in f32 on every path (as transformers does), so an f64
 // reference would differ from an f32 result by their rounding (up to ~1e-5 where the outputs are small).
 std::vector<double> reference_projected(const Cache& c, const DecodeStep& s, const Tensor& k_pool, const Tensor& v_pool,
                                         const Tensor& o_weight, const Tensor& addend, int64_t max_context) {
   const Device cpu = Device::cpu();
-  auto wide = [&](const Tensor& t) { return t.to(cpu).to(DType::f32).clone(); };
-  const int64_t n = rows(c), d = c.dim, hq = c.q_heads * d, hkv = c.kv_heads * d;
-  const Tensor qkv = wide(s.qkv);
-  const Tensor attention = Tensor::empty({n, c.q_heads, d}, DType::f32, cpu);
-  paged_decode_attention(qkv.narrow(1, 0, hq).view({n, c.q_heads, d}), qkv.narrow(1, hq, hkv).view({n, c.kv_heads, d}),
-                         qkv.narrow(1, hq + hkv, hkv).view({n, c.kv_heads, d}), qwen_rope(), wide(k_pool), wide(v_pool),
-                         s.slots.to(cpu), c.block_tables.to(cpu), c.seq_ids.to(cpu), c.positions.to(cpu), 0,
-                         max_context, attention);
-  return host_values(
-      linear_add(attention.reshape({n, hq}), wide(o_weight), Tensor(), addend.defined() ? wide(addend) : Tensor()));
+  auto wide = [&](const Tensor& t) { return t.to(cpu).to(DType::f32); };
+  const DecodeStep w = step_of(c, wide(s.qkv), s.slots.to(cpu));
+  const Tensor attention = Tensor::empty(w.q.shape(), DType::f32, cpu);
+  paged_decode_attention(w.q, w.k, w.v, qwen_rope(), wide(k_pool).clone(), wide(v_pool).clone(), w.slots,
+                         c.block_tables.to(cpu), c.seq_ids.to(cpu), c.positions.to(cpu), 0, max_context, attention);
+  return host_values(linear_add(attention.reshape({rows(c), c.q_heads * c.dim}), wide(o_weight), Tensor(),
+                                addend.defined() ? wide(addend) : Tensor()));
 }
 
 // On this device: paged_decode_attention_projected into a NaN-filled out on random pools, and the composition it
@@ -717,15 +716,12 @@ TEST_P(PagedAttentionCudaTest, DecodeAttentionMatchesTheCpu) {
       const Tensor want = Tensor::empty(s.q.shape(), dtype(), cpu);
       paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables, c.seq_ids,
                              c.positions, 0, context, want);
-      const Tensor qkv = s.qkv.to(gpu), slots = s.slots.to(gpu);
-      const int64_t n = rows(c), hq = q_heads * dim, hkv = 2 * dim;
-      const Tensor q = qkv.narrow(1, 0, hq).view({n, q_heads, dim});
-      const Tensor k = qkv.narrow(1, hq, hkv).view({n, 2, dim}), v = qkv.narrow(1, hq + hkv, hkv).view({n, 2, dim});
+      const DecodeStep g = step_of(c, s.qkv.to(gpu), s.slots.to(gpu));
       const Tensor tables = c.block_tables.to(gpu), seq = c.seq_ids.to(gpu), pos = c.positions.to(gpu);
       const Tensor out = Tensor::full(s.q.shape(), NAN, dtype(), gpu);
       cuda::synchronize(0);
       cuda::reset_transfer_stats();
-      paged_decode_attention(q, k, v, qwen_rope(), kg, vg, slots, tables, seq, pos, 0, context, out);
+      paged_decode_attention(g.q, g.k, g.v, qwen_rope(), kg, vg, g.slots, tables, seq, pos, 0, context, out);
       cuda::synchronize(0);
       EXPECT_EQ(cuda::transfer_stats().host_to_device, 0u);
       EXPECT_EQ(cuda::transfer_stats().device_to_host, 0u);
