@@ -3,7 +3,8 @@
 // (cuda/sampling.cu), so every device picks the same id from the same logits, parameters and counter.
 //
 // The rule (sample_row below is the readable reference):
-//   1. penalties: a token seen n > 0 times has x = (x > 0 ? x / rep : x * rep) - (presence + frequency * n);
+//   1. bias and penalties: a row with a logit bias adds it first (x = x + bias[v], OpenAI's logit_bias); then
+//      a token seen n > 0 times has x = (x > 0 ? x / rep : x * rep) - (presence + frequency * n);
 //   2. candidates in order: logit descending, ties the lower id first (NaN counts as -inf);
 //   3. greedy (temperature 0): the first candidate;
 //   4. otherwise each candidate weighs w = trunc(2^31 exp((x - max) / T)), the softmax numerator as an integer;
@@ -38,14 +39,17 @@ enum Param : int {
   kRepetitionPenalty = 4,  // 1: off
   kPresencePenalty = 5,
   kFrequencyPenalty = 6,
-  kParamCount = 8,  // the last column is unused
+  kLogitBias = 7,  // 1: the row adds its row of the bias tensor to the logits; 0: no bias (the tensor is not read)
+  kParamCount = 8,
 };
 
 struct RowParams {
   float temperature = 1, top_k = 0, top_p = 1, min_p = 0;
   float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+  float logit_bias = 0;
 
   MICROLLM_HD bool greedy() const { return !(temperature > 0); }
+  MICROLLM_HD bool biased() const { return logit_bias != 0; }
   MICROLLM_HD bool penalized() const {
     return repetition_penalty != 1 || presence_penalty != 0 || frequency_penalty != 0;
   }
@@ -65,12 +69,15 @@ MICROLLM_HD inline RowParams row_params(const float* p, int64_t stride) {
   r.repetition_penalty = p[kRepetitionPenalty * stride];
   r.presence_penalty = p[kPresencePenalty * stride];
   r.frequency_penalty = p[kFrequencyPenalty * stride];
+  r.logit_bias = p[kLogitBias * stride];
   return r;
 }
 
-// The penalized logit of a token seen `count` times (count <= 0: unseen). NaN becomes -inf and -0 becomes +0,
-// so that the order below is a plain comparison of keys.
-MICROLLM_HD inline float penalized(float x, int32_t count, const RowParams& p) {
+// The logit of a token with bias `bias` (0 for a row without one) seen `count` times (count <= 0: unseen), as
+// the order below compares it. NaN becomes -inf and -0 becomes +0, so that the order is a plain comparison of
+// keys.
+MICROLLM_HD inline float adjusted(float x, float bias, int32_t count, const RowParams& p) {
+  x = MICROLLM_FADD_RN(x, bias);
   if (x != x) x = -INFINITY;
   if (count > 0) {
     x = x > 0 ? MICROLLM_FDIV_RN(x, p.repetition_penalty) : MICROLLM_FMUL_RN(x, p.repetition_penalty);
@@ -170,16 +177,25 @@ MICROLLM_HD inline float draw_uniform(uint64_t seed, uint64_t offset) {
   return static_cast<float>(c[0] >> 8) * (1.0f / 16777216.0f);
 }
 
+// Where a row's bias and counts are: bias[v * bias_stride] is token v's logit bias (nullptr: none),
+// counts[v * counts_stride] how often token v was seen (nullptr: no penalties).
+struct RowState {
+  const float* bias = nullptr;
+  int64_t bias_stride = 0;
+  const int32_t* counts = nullptr;
+  int64_t counts_stride = 0;
+};
+
 // The reference: the next token of one row. x holds the row's logits as f32 and is overwritten with the
-// penalized ones; counts[v * counts_stride] is how often token v was seen (nullptr: no penalties); u in [0, 1);
-// keys is scratch.
-inline int32_t sample_row(std::span<float> x, const int32_t* counts, int64_t counts_stride, const RowParams& p, float u,
+// adjusted ones; u in [0, 1); keys is scratch.
+inline int32_t sample_row(std::span<float> x, const RowState& state, const RowParams& p, float u,
                           std::vector<uint64_t>& keys) {
   const auto vocab = static_cast<int64_t>(x.size());
   uint64_t first = UINT64_MAX;
   for (int64_t v = 0; v < vocab; ++v) {
     float& xv = x[static_cast<size_t>(v)];
-    xv = penalized(xv, counts != nullptr ? counts[v * counts_stride] : 0, p);
+    xv = adjusted(xv, state.bias != nullptr ? state.bias[v * state.bias_stride] : 0.0f,
+                  state.counts != nullptr ? state.counts[v * state.counts_stride] : 0, p);
     first = std::min(first, rank_key(xv, v));
   }
   if (p.greedy()) return key_id(first);

@@ -82,7 +82,7 @@ struct Engine::Impl {
   Tensor block_tables;  // i32 [max_batch, max_blocks_per_sequence]
   Tensor step_inputs;   // i32 [kStepRows, max_batch]: what the next decode step reads
   Tensor row_ids;       // i32 [max_batch]: 0, 1, 2, ... (decode row r reads block table row r)
-  SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 [max_batch, vocab]
+  SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 and bias f32 [max_batch, vocab]
   int64_t sampler_columns = 0;
   Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
   Tensor tokens;        // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
@@ -194,6 +194,7 @@ struct Engine::Impl {
     sampler.params = greedy_params.reshape({1, sampler_columns}).expand({b, sampler_columns}).clone();
     sampler.rng = Tensor::zeros({b, 2}, DType::i64, device);
     sampler.counts = Tensor::zeros({b, config.vocab_size}, DType::i32, device);
+    sampler.bias = Tensor::zeros({b, config.vocab_size}, DType::f32, device);  // read for rows with a logit bias
     tokens = Tensor::zeros({b}, DType::i32, device);
     if (stream && options.cuda_graphs) {
       prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
@@ -310,8 +311,8 @@ struct Engine::Impl {
     const std::vector<std::vector<int32_t>> history =
         p.penalized() ? std::vector<std::vector<int32_t>>{seq.request.prompt} : std::vector<std::vector<int32_t>>{};
     // Built on the host, uploaded without a wait.
-    const SamplerRows fresh =
-        make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, config.vocab_size, history, Device::cpu());
+    const SamplerRows fresh = make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, config.vocab_size, history,
+                                                Device::cpu(), {p.bias_row()});
     upload(sampler.params.select(0, seq.row), fresh.params.data<float>(), sampler_columns);
     upload(sampler.rng.narrow(0, seq.row, 1), fresh.rng.data<int64_t>(), 2);
     if (fresh.counts.defined()) {
@@ -319,6 +320,7 @@ struct Engine::Impl {
     } else {
       sampler.counts.narrow(0, seq.row, 1).copy_(Tensor::zeros({1, config.vocab_size}, DType::i32, device));
     }
+    if (fresh.bias.defined()) upload(sampler.bias.narrow(0, seq.row, 1), fresh.bias.data<float>(), config.vocab_size);
     seq.next_token = seq.request.prompt.back();
     seq.first_step = seq.request.prompt.size() == 1;
   }
@@ -626,7 +628,7 @@ struct Engine::Impl {
 
   SamplerRows narrow_rows(int64_t first, int64_t count, bool greedy_only) const {
     return SamplerRows{sampler.params.narrow(0, first, count), sampler.rng.narrow(0, first, count),
-                       sampler.counts.narrow(0, first, count), greedy_only};
+                       sampler.counts.narrow(0, first, count), sampler.bias.narrow(0, first, count), greedy_only};
   }
 
   // The decode forward + sampling over rows [0, rows) with attention bounded by `context`: what a graph

@@ -37,7 +37,8 @@ class DeviceSampler {
       seeds.push_back(static_cast<int64_t>(params.seed + b));
     }
     rows_ = make_sampler_rows(rows_params, seeds, vocab,
-                              params.penalized() ? prompts : std::vector<std::vector<int32_t>>{}, device);
+                              params.penalized() ? prompts : std::vector<std::vector<int32_t>>{}, device,
+                              std::vector<LogitBias>(prompts.size(), params.bias_row()));
     ids_ = Tensor::empty({static_cast<int64_t>(prompts.size())}, DType::i32, device);
   }
 

@@ -15,8 +15,12 @@ void SamplingParams::check() const {
   MICROLLM_CHECK(top_k >= 0, ValueError, "sampler", "top_k must be >= 0, got ", top_k);
   MICROLLM_CHECK(top_p > 0 && top_p <= 1, ValueError, "sampler", "top_p must be in (0, 1], got ", top_p);
   MICROLLM_CHECK(min_p >= 0 && min_p < 1, ValueError, "sampler", "min_p must be in [0, 1), got ", min_p);
-  MICROLLM_CHECK(repetition_penalty > 0, ValueError, "sampler", "repetition_penalty must be > 0, got ",
-                 repetition_penalty);
+  MICROLLM_CHECK(repetition_penalty > 0 && std::isfinite(repetition_penalty), ValueError, "sampler",
+                 "repetition_penalty must be > 0, got ", repetition_penalty);
+  for (const auto& [id, bias] : logit_bias) {
+    MICROLLM_CHECK(id >= 0, ValueError, "sampler", "logit_bias token id must be >= 0, got ", id);
+    MICROLLM_CHECK(std::isfinite(bias), ValueError, "sampler", "logit_bias of token ", id, " is not finite: ", bias);
+  }
 }
 
 Sampler::Sampler(SamplingParams params) : params_(params), gen_(params.seed) { params_.check(); }
@@ -31,7 +35,14 @@ std::vector<float> SamplingParams::row() const {
   r[sampling::kRepetitionPenalty] = static_cast<float>(repetition_penalty);
   r[sampling::kPresencePenalty] = static_cast<float>(presence_penalty);
   r[sampling::kFrequencyPenalty] = static_cast<float>(frequency_penalty);
+  r[sampling::kLogitBias] = logit_bias.empty() ? 0.0f : 1.0f;
   return r;
+}
+
+std::vector<std::pair<int32_t, float>> SamplingParams::bias_row() const {
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [id, bias] : logit_bias) out.emplace_back(id, static_cast<float>(bias));
+  return out;
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
@@ -40,17 +51,31 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const std::vector<float> row = params_.row();
   const sampling::RowParams p = sampling::row_params(row.data(), 1);
   std::vector<int32_t> counts;
+  sampling::RowState state;
   if (p.penalized()) {
     counts.assign(static_cast<size_t>(vocab), 0);
     for (int32_t id : history) {
       if (id >= 0 && id < vocab) ++counts[static_cast<size_t>(id)];
     }
+    state.counts = counts.data();
+    state.counts_stride = 1;
+  }
+  std::vector<float> bias;
+  if (p.biased()) {
+    bias.assign(static_cast<size_t>(vocab), 0.0f);
+    for (const auto& [id, value] : params_.bias_row()) {
+      MICROLLM_CHECK(id < vocab, ValueError, "sampler", "logit_bias token ", id, " is outside the vocabulary of ",
+                     vocab);
+      bias[static_cast<size_t>(id)] = value;
+    }
+    state.bias = bias.data();
+    state.bias_stride = 1;
   }
   // One draw per call, greedy or not, as sample_tokens advances a row's offset once per call.
   const float u = sampling::draw_uniform(gen_.seed(), gen_.reserve(1));
   std::vector<float> x(logits.begin(), logits.end());
   std::vector<uint64_t> keys;
-  return sampling::sample_row(x, counts.empty() ? nullptr : counts.data(), 1, p, u, keys);
+  return sampling::sample_row(x, state, p, u, keys);
 }
 
 }  // namespace microllm::generate

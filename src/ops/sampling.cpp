@@ -1,6 +1,8 @@
 // sample_tokens: checks and dispatch. The math is src/backend/sampling_math.h.
 #include "microllm/ops/sampling.h"
 
+#include <cmath>
+
 #include "../backend/sampling_math.h"
 #include "checks.h"
 
@@ -48,10 +50,12 @@ void sample_tokens(const Tensor& logits, const SamplerRows& rows, const Tensor& 
     check_state(rows.counts, "counts", DType::i32, {batch, vocab}, logits);
     no_broadcast(rows.counts, "counts");
   }
+  if (rows.bias.defined()) check_state(rows.bias, "bias", DType::f32, {batch, vocab}, logits);
   check_state(out, "out", DType::i32, {batch}, logits);
   no_broadcast(out, "out");
   if (batch == 0) return;
-  backend_for(logits.device()).sample_tokens(logits, rows.params, rows.rng, rows.counts, rows.greedy_only, out);
+  backend_for(logits.device())
+      .sample_tokens(logits, rows.params, rows.rng, rows.counts, rows.bias, rows.greedy_only, out);
 }
 
 Tensor sample_tokens(const Tensor& logits, const SamplerRows& rows) {
@@ -63,13 +67,16 @@ Tensor sample_tokens(const Tensor& logits, const SamplerRows& rows) {
 }
 
 SamplerRows make_sampler_rows(const std::vector<float>& params, const std::vector<int64_t>& seeds, int64_t vocab,
-                              const std::vector<std::vector<int32_t>>& histories, Device device) {
+                              const std::vector<std::vector<int32_t>>& histories, Device device,
+                              const std::vector<LogitBias>& biases) {
   constexpr const char* op = "make_sampler_rows";
   const auto batch = static_cast<int64_t>(seeds.size());
   MICROLLM_CHECK(static_cast<int64_t>(params.size()) == batch * sampling::kParamCount, ShapeError, op, "params has ",
                  params.size(), " values; ", batch, " rows need ", batch * sampling::kParamCount);
   MICROLLM_CHECK(histories.empty() || static_cast<int64_t>(histories.size()) == batch, ShapeError, op, histories.size(),
                  " histories for ", batch, " rows");
+  MICROLLM_CHECK(biases.empty() || static_cast<int64_t>(biases.size()) == batch, ShapeError, op, biases.size(),
+                 " logit bias lists for ", batch, " rows");
   MICROLLM_CHECK(vocab > 0 && vocab <= INT32_MAX, ShapeError, op, "bad vocabulary size ", vocab);
   std::vector<int64_t> rng;
   rng.reserve(seeds.size() * 2);
@@ -77,11 +84,28 @@ SamplerRows make_sampler_rows(const std::vector<float>& params, const std::vecto
     rng.push_back(seed);
     rng.push_back(0);
   }
+  std::vector<float> row_params = params;
+  std::vector<float> bias;
+  const LogitBias none;
+  for (int64_t b = 0; b < batch; ++b) {  // the kLogitBias column follows the lists, whatever params held there
+    const LogitBias& entries = biases.empty() ? none : biases[static_cast<size_t>(b)];
+    row_params[static_cast<size_t>(b * sampling::kParamCount + sampling::kLogitBias)] = entries.empty() ? 0.0f : 1.0f;
+    if (entries.empty()) continue;
+    if (bias.empty()) bias.assign(static_cast<size_t>(batch * vocab), 0.0f);
+    for (const auto& [id, value] : entries) {
+      MICROLLM_CHECK(id >= 0 && id < vocab, IndexError, op, "logit bias token ", id, " of row ", b,
+                     " is outside the vocabulary of ", vocab);
+      MICROLLM_CHECK(std::isfinite(value), ValueError, op, "logit bias of token ", id, " of row ", b,
+                     " is not finite: ", value);
+      bias[static_cast<size_t>(b * vocab + id)] = value;
+    }
+  }
   SamplerRows rows;
-  rows.params = Tensor::from_vector(params, {batch, sampling::kParamCount}, device);
+  rows.params = Tensor::from_vector(row_params, {batch, sampling::kParamCount}, device);
+  if (!bias.empty()) rows.bias = Tensor::from_vector(bias, {batch, vocab}, device);
   rows.greedy_only = true;
   for (int64_t b = 0; b < batch; ++b)
-    rows.greedy_only = rows.greedy_only && sampling::row_params(params.data() + b * sampling::kParamCount, 1).greedy();
+    rows.greedy_only = rows.greedy_only && sampling::row_params(row_params.data() + b * sampling::kParamCount, 1).greedy();
   rows.rng = Tensor::from_vector(rng, {batch, 2}, device);
   if (!histories.empty()) {
     std::vector<int32_t> counts(static_cast<size_t>(batch * vocab), 0);

@@ -29,7 +29,7 @@ using generate::Sampler;
 using generate::SamplingParams;
 
 // A mix of every kind of row: greedy, plain temperature, top-k, top-p, min-p, penalties, and combinations.
-SamplingParams row_kind(int64_t b, Generator& gen) {
+SamplingParams row_kind(int64_t b, int64_t vocab, Generator& gen) {
   SamplingParams p;
   const double t = 0.3 + 1.5 * gen.next_uniform();
   switch (b % 9) {
@@ -46,6 +46,12 @@ SamplingParams row_kind(int64_t b, Generator& gen) {
       break;
     default: p.temperature = t, p.top_k = 1000000, p.top_p = 0.999; break;
   }
+  if (b % 4 == 1) {  // a logit bias on a few tokens, over every kind of row in turn
+    for (int i = 0; i < 1 + static_cast<int>(gen.next_below(6)); ++i) {
+      p.logit_bias.emplace_back(static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(vocab))),
+                               -100 + 200 * gen.next_uniform());
+    }
+  }
   return p;
 }
 
@@ -60,7 +66,7 @@ Batch random_batch(int64_t batch, int64_t vocab, uint64_t seed) {
   Generator gen(seed);
   Batch out;
   for (int64_t b = 0; b < batch; ++b) {
-    out.params.push_back(row_kind(b, gen));
+    out.params.push_back(row_kind(b, vocab, gen));
     std::vector<int32_t> history;
     const auto length = static_cast<int>(gen.next_below(30));
     for (int i = 0; i < length; ++i)
@@ -78,8 +84,11 @@ SamplerRows rows_of(const Batch& batch, int64_t vocab, Device device, bool with_
     const std::vector<float> row = p.row();
     params.insert(params.end(), row.begin(), row.end());
   }
+  std::vector<LogitBias> biases;
+  for (const SamplingParams& p : batch.params) biases.push_back(p.bias_row());
   SamplerRows rows = make_sampler_rows(params, batch.seeds, vocab,
-                                       with_counts ? batch.histories : std::vector<std::vector<int32_t>>{}, device);
+                                       with_counts ? batch.histories : std::vector<std::vector<int32_t>>{}, device,
+                                       biases);
   std::vector<int64_t> rng;
   for (size_t b = 0; b < batch.seeds.size(); ++b) {
     rng.push_back(batch.seeds[b]);
@@ -169,8 +178,9 @@ TEST(Sampling, StridedLogitsAndNarrowedStateGiveTheContiguousResult) {
   const Batch setup = random_batch(max_batch, vocab, testing::fresh_seed());
   const SamplerRows full = rows_of(setup, vocab, Device::cpu());
   // The same state twice: as narrowed views of the max_batch tensors, and as contiguous [batch] copies.
-  SamplerRows narrowed{full.params.narrow(0, 0, batch), full.rng.narrow(0, 0, batch), full.counts.narrow(0, 0, batch)};
-  SamplerRows compact{narrowed.params.clone(), narrowed.rng.clone(), narrowed.counts.clone()};
+  SamplerRows narrowed{full.params.narrow(0, 0, batch), full.rng.narrow(0, 0, batch), full.counts.narrow(0, 0, batch),
+                       full.bias.narrow(0, 0, batch)};
+  SamplerRows compact{narrowed.params.clone(), narrowed.rng.clone(), narrowed.counts.clone(), narrowed.bias.clone()};
   for (int64_t step = 0; step < steps; ++step) {
     const Tensor sequence_logits = testing::random_tensor({batch, 5, vocab}, DType::f32, Device::cpu(), -4, 4);
     const Tensor last = sequence_logits.select(1, 4);  // row stride 5 * vocab
@@ -202,6 +212,54 @@ TEST(Sampling, WithoutCountsThereAreNoPenalties) {
   std::vector<Sampler> samplers = samplers_of(setup);
   std::vector<std::vector<int32_t>> empty(batch);
   EXPECT_EQ(got, sampler_ids(logits, samplers, empty));
+}
+
+// OpenAI's logit_bias: -100 on the argmax moves a greedy row to the runner-up, +100 on any token makes it the
+// choice of greedy and sampled rows, and the bias comes before the penalties (as transformers' sequence bias
+// comes before its repetition penalty).
+TEST(Sampling, LogitBiasMovesTheChoiceAndPrecedesThePenalties) {
+  const int64_t vocab = 300;
+  Generator gen(testing::fresh_seed());
+  const Tensor logits = testing::random_tensor({1, vocab}, DType::f32, Device::cpu(), -5, 5);
+  std::vector<float> x = logits.to_vector<float>();
+  const auto argmax = static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
+  std::vector<float> without = x;
+  without[static_cast<size_t>(argmax)] = -1e30f;
+  const auto runner_up = static_cast<int32_t>(std::max_element(without.begin(), without.end()) - without.begin());
+  const auto lowest = static_cast<int32_t>(std::min_element(x.begin(), x.end()) - x.begin());
+  auto choose = [&](SamplingParams p, const Tensor& row, const std::vector<std::vector<int32_t>>& histories = {}) {
+    p.seed = gen.next_u64() >> 1;
+    const SamplerRows rows = make_sampler_rows(p.row(), {static_cast<int64_t>(p.seed)}, vocab, histories,
+                                               Device::cpu(), {p.bias_row()});
+    const int32_t id = sample_tokens(row, rows).to_vector<int32_t>()[0];
+    Sampler sampler(p);
+    EXPECT_EQ(id, sampler.sample(row.to_vector<float>(), histories.empty() ? std::vector<int32_t>{} : histories[0]));
+    return id;
+  };
+  EXPECT_EQ(choose({.temperature = 0}, logits), argmax);
+  EXPECT_EQ(choose({.temperature = 0, .logit_bias = {{argmax, -100.0}}}, logits), runner_up);
+  for (double temperature : {0.0, 0.7, 1.5}) {
+    EXPECT_EQ(choose({.temperature = temperature, .logit_bias = {{lowest, 100.0}}}, logits), lowest) << temperature;
+  }
+  // Token 0 (logit 1, seen once) with a bias of 3 under a repetition penalty of 2: (1 + 3) / 2 = 2 when the bias
+  // comes first, 1 / 2 + 3 = 3.5 when it comes after; token 1 (logit 2.5) is the greedy choice only in the first.
+  std::vector<float> two(static_cast<size_t>(vocab), -10.0f);
+  two[0] = 1.0f, two[1] = 2.5f;
+  const Tensor row = Tensor::from_vector(two, {1, vocab});
+  EXPECT_EQ(choose({.temperature = 0, .repetition_penalty = 2.0, .logit_bias = {{0, 3.0}}}, row, {{0}}), 1);
+  EXPECT_EQ(choose({.temperature = 0, .repetition_penalty = 2.0, .logit_bias = {{0, 3.1}}}, row, {{7}}), 0);
+}
+
+TEST(Sampling, LogitBiasOutsideTheVocabularyIsAnError) {
+  SamplingParams p;
+  p.logit_bias = {{300, 1.0}};
+  const std::string m = testing::error_message(
+      [&] { make_sampler_rows(p.row(), {1}, 300, {}, Device::cpu(), {p.bias_row()}); });
+  EXPECT_NE(m.find("logit bias token 300 of row 0 is outside the vocabulary of 300"), std::string::npos) << m;
+  p.logit_bias = {{-1, 1.0}};
+  EXPECT_THROW(p.check(), ValueError);
+  p.logit_bias = {{5, NAN}};
+  EXPECT_THROW(p.check(), ValueError);
 }
 
 // Many draws of one row (rows with one seed and consecutive offsets): frequencies against the softmax.
@@ -382,8 +440,9 @@ TEST(Sampling, GreedyOnlyWithASampledRowThrowsAndChangesNothing) {
 // ---- CUDA against the CPU ----
 
 SamplerRows on_cuda(const SamplerRows& r) {
-  return SamplerRows{r.params.to(Device::cuda(0)), r.rng.to(Device::cuda(0)),
-                     r.counts.defined() ? r.counts.to(Device::cuda(0)) : Tensor(), r.greedy_only};
+  auto moved = [](const Tensor& t) { return t.defined() ? t.to(Device::cuda(0)) : Tensor(); };
+  return SamplerRows{r.params.to(Device::cuda(0)), r.rng.to(Device::cuda(0)), moved(r.counts), moved(r.bias),
+                     r.greedy_only};
 }
 
 // Runs `steps` calls on the CPU and on cuda:0 from the same state and logits (uniform in [low, 8)); ids and
@@ -567,9 +626,10 @@ TEST_F(SamplingCudaTest, NarrowedStateOnTheDevice) {
   const int64_t max_batch = 9, batch = 4, vocab = 500;
   const Batch setup = random_batch(max_batch, vocab, testing::fresh_seed());
   SamplerRows cpu = rows_of(setup, vocab, Device::cpu());
-  SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  SamplerRows gpu = on_cuda(cpu);
   auto narrow = [&](const SamplerRows& r) {
-    return SamplerRows{r.params.narrow(0, 0, batch), r.rng.narrow(0, 0, batch), r.counts.narrow(0, 0, batch)};
+    return SamplerRows{r.params.narrow(0, 0, batch), r.rng.narrow(0, 0, batch), r.counts.narrow(0, 0, batch),
+                       r.bias.narrow(0, 0, batch)};
   };
   for (int step = 0; step < 3; ++step) {
     const Tensor logits = testing::random_tensor({batch, vocab}, DType::f32, Device::cpu(), -5, 5);
@@ -583,11 +643,12 @@ TEST_F(SamplingCudaTest, NarrowedStateOnTheDevice) {
 TEST_F(SamplingCudaTest, TensorsOnAnotherDeviceAreErrors) {
   const int64_t batch = 2, vocab = 10;
   const SamplerRows cpu = rows_of(random_batch(batch, vocab, 1), vocab, Device::cpu());
-  const SamplerRows gpu{cpu.params.to(Device::cuda(0)), cpu.rng.to(Device::cuda(0)), cpu.counts.to(Device::cuda(0))};
+  const SamplerRows gpu = on_cuda(cpu);
   const Tensor logits = Tensor::zeros({batch, vocab}, DType::f32, Device::cuda(0));
-  EXPECT_THROW(sample_tokens(logits, SamplerRows{cpu.params, gpu.rng, gpu.counts}), DeviceError);
-  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, cpu.rng, gpu.counts}), DeviceError);
-  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, gpu.rng, cpu.counts}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{cpu.params, gpu.rng, gpu.counts, gpu.bias}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, cpu.rng, gpu.counts, gpu.bias}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, gpu.rng, cpu.counts, gpu.bias}), DeviceError);
+  EXPECT_THROW(sample_tokens(logits, SamplerRows{gpu.params, gpu.rng, gpu.counts, cpu.bias}), DeviceError);
   EXPECT_THROW(sample_tokens(logits, gpu, Tensor::empty({batch}, DType::i32)), DeviceError);
   EXPECT_THROW(sample_tokens(logits.to(Device::cpu()), gpu), DeviceError);
 }

@@ -176,13 +176,14 @@ class Backend {
   // ---- sampling (sampling.*) ----
   // The next token of every row of logits [B, V] (f32/bf16/f16, any strides) by the rule of
   // src/backend/sampling_math.h: params f32 [B, 8], rng i64 [B, 2] (seed, offset), counts i32 [B, V] or
-  // undefined (no penalties); out i32 [B]. Updates the state on the device: offset += 1 and, when counts is
-  // defined, counts[b, out[b]] += 1. Any strides for every tensor (narrowed views of bigger state).
+  // undefined (no penalties), bias f32 [B, V] or undefined (no logit bias; a row reads its bias only when its
+  // params' kLogitBias column is 1); out i32 [B]. Updates the state on the device: offset += 1 and, when
+  // counts is defined, counts[b, out[b]] += 1. Any strides for every tensor (narrowed views of bigger state).
   // greedy_only: the caller promises every row has temperature 0 (SamplerRows::greedy_only), so the kernels
   // skip the candidate sort; a row that breaks the promise is an error (CPU: thrown before any state changes;
   // CUDA: reported through the device error word, raised at the next synchronization).
   virtual void sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
-                             bool greedy_only, const Tensor& out) = 0;
+                             const Tensor& bias, bool greedy_only, const Tensor& out) = 0;
 
   // ---- optimizers (optim.*) ----
   // Multi-tensor steps: lists with one entry per parameter, every tensor contiguous, entry i of each list

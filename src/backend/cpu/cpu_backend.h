@@ -66,7 +66,7 @@ class CpuBackend final : public Backend {
                               const Tensor& grad_loss, const Tensor& grad_logits) override;
 
   void sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
-                     bool greedy_only, const Tensor& out) override;
+                     const Tensor& bias, bool greedy_only, const Tensor& out) override;
 
   void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                   const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,

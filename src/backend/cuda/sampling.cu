@@ -1,5 +1,5 @@
 // CUDA sampling: the rule of ../sampling_math.h on the device, with no host wait.
-//   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the penalized logits. One
+//   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the adjusted logits (bias and penalties). One
 //      block per row scanning 152k logits took 68 us on an H200 (148 dependent loads per thread); a grid of
 //      (rows x chunks) sized to fill the GPU reads the vocabulary once, in parallel.
 //   2. prepare (a block per row and chunk): the row's first maximum from its chunks' partials; a greedy row
@@ -50,6 +50,8 @@ struct Rows {
   int64_t rng_row, rng_col;
   int32_t* counts;  // nullptr: no counts
   int64_t counts_row, counts_col;
+  const float* bias;  // nullptr: no logit bias
+  int64_t bias_row, bias_col;
   int32_t* out;
   int64_t out_stride;
   int64_t vocab;
@@ -130,13 +132,15 @@ __device__ int64_t first_passing(int64_t limit, const Weight& weight_at, const P
   return -1;
 }
 
-// The row's logits as the kernels read them: penalized, NaN as -inf (sampling::penalized).
+// The row's logits as the kernels read them: biased and penalized, NaN as -inf (sampling::adjusted).
 template <typename T>
 struct RowLogits {
   const T* logits;
   int64_t stride;
   const int32_t* counts;  // nullptr: the row has no penalties
   int64_t counts_stride;
+  const float* bias;  // nullptr: the row has no logit bias
+  int64_t bias_stride;
   RowParams p;
 
   __device__ RowLogits(const Rows& rows, int64_t b)
@@ -144,21 +148,26 @@ struct RowLogits {
         stride(rows.logits_col),
         counts(nullptr),
         counts_stride(rows.counts_col),
+        bias(nullptr),
+        bias_stride(rows.bias_col),
         p(params_of(rows, b)) {
     if (rows.counts != nullptr && p.penalized()) counts = rows.counts + b * rows.counts_row;
+    if (rows.bias != nullptr && p.biased()) bias = rows.bias + b * rows.bias_row;
   }
   // Ids v, v + kChunkThreads, ... (kLoads of them, those < end) loaded before any is used, so that a thread
   // has kLoads loads in flight instead of one dependent load per step.
   __device__ __forceinline__ void load(int64_t v, int64_t end, float (&x)[kLoads]) const {
     int32_t seen[kLoads];
+    float added[kLoads];
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int64_t id = v + i * kChunkThreads;
       x[i] = id < end ? to_acc(logits[id * stride]) : 0.0f;
       seen[i] = id < end && counts != nullptr ? counts[id * counts_stride] : 0;
+      added[i] = id < end && bias != nullptr ? bias[id * bias_stride] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) x[i] = penalized(x[i], seen[i], p);
+    for (int i = 0; i < kLoads; ++i) x[i] = adjusted(x[i], added[i], seen[i], p);
   }
 };
 
@@ -306,7 +315,7 @@ Chunks choose_chunks(int64_t batch, int64_t vocab, int multiprocessors) {
 }  // namespace
 
 void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, const Tensor& rng, const Tensor& counts,
-                                bool greedy_only, const Tensor& out) {
+                                const Tensor& bias, bool greedy_only, const Tensor& out) {
   OpScope scope("sample_tokens", device_, detail::current_cuda_stream(device_));
   const int64_t batch = logits.size(0), vocab = logits.size(1);
   MICROLLM_CHECK(batch * vocab <= INT32_MAX, NotSupportedError, "sample_tokens", "a batch of ", batch, " rows of ",
@@ -326,6 +335,11 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& params, cons
     rows.counts = static_cast<int32_t*>(counts.data_ptr());
     rows.counts_row = counts.stride(0);
     rows.counts_col = counts.stride(1);
+  }
+  if (bias.defined()) {
+    rows.bias = static_cast<const float*>(bias.data_ptr());
+    rows.bias_row = bias.stride(0);
+    rows.bias_col = bias.stride(1);
   }
   rows.out = static_cast<int32_t*>(out.data_ptr());
   rows.out_stride = out.stride(0);
