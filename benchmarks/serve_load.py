@@ -9,7 +9,8 @@ until `data: [DONE]`. A request started before the deadline runs to its end; non
 Reported (markdown table, --json FILE too): requests completed, errors (a status other than 200, a malformed
 event, an error object in the stream, a missing [DONE], a finish_reason other than OpenAI's such as
 "cancelled", a connection error or timeout: the first few are printed), generated tokens/s over the wall
-time (tokens from the `usage` of the final chunk; counted as content chunks when a server sends no usage),
+time (tokens from the usage chunk, asked for with stream_options.include_usage; counted as content chunks when a
+server sends no usage),
 time to first token (from sending the request to the first chunk with text) p50/p95/max, the gaps between content chunks (inter-token latency when each chunk carries
 one token; a server may put several tokens in a chunk, see chunks/token) p50/p95, and the time per output
 token of each request after its first ((last - first chunk) / (tokens - 1)) p50/p95; the time to first token
@@ -17,7 +18,10 @@ of each client's first request apart (the burst at the start: every client sends
 also the mean batch size and the server's own time to first token (from a request's arrival; the histogram
 of /metrics, so each quantile as the bucket bound that covers it): the client's figure less the server's is
 the time outside the engine (connection, HTTP threads, this script). Exit code 1 if any request failed (or
-none completed).
+none completed). After the run it waits (--settle-timeout) until /metrics shows no request running and no KV
+block held, and counts it an error if that does not come. --disconnect-fraction F makes that share of the
+clients leave every request half-way, streaming (closed after a few chunks) and not (closed after 0.05-0.5 s
+without an answer) in turn: the server must cancel them all and free their blocks.
 
     python3 benchmarks/serve_load.py --url http://127.0.0.1:8080 [--clients 64] [--duration 60] [--max-tokens 64]
     python3 benchmarks/serve_load.py --spawn "microllm serve --model DIR --port 0 --device cuda --dtype bf16" ...
@@ -98,6 +102,9 @@ class Stats:
         self.gaps = []
         self.tpot = []
         self.latency = []
+        self.abandoned = 0  # --disconnect-fraction: requests whose client left half-way
+        self.finished_before_leaving = 0
+        self.after_run = None  # /metrics once the run's requests are gone: running, KV blocks used, seconds
 
     def error(self, start, text):
         with self.lock:
@@ -109,7 +116,8 @@ def make_body(args, rng):
         prompt = " ".join(rng.choice(WORDS) for _ in range(args.prompt_words))
     else:
         prompt = rng.choice(PROMPTS)
-    body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True}
+    body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
+            "stream_options": {"include_usage": True}}
     if args.model:
         body["model"] = args.model
     if args.chat:
@@ -156,6 +164,10 @@ def one_request(args, url, rng):
             if "error" in event:
                 raise RuntimeError(f"error event: {json.dumps(event['error'])[:300]}")
             choices = event.get("choices")
+            if event.get("usage"):
+                usage = event["usage"]
+            if choices == [] and usage is not None:
+                continue  # the usage chunk (stream_options.include_usage)
             if not isinstance(choices, list) or not choices:
                 raise RuntimeError(f"an event without choices: {data[:200]!r}")
             choice = choices[0]
@@ -170,8 +182,6 @@ def one_request(args, url, rng):
                 finish = choice["finish_reason"]
                 if not content_times:
                     content_times.append(now)  # no text at all (e.g. an immediate stop): the end is the first
-            if event.get("usage"):
-                usage = event["usage"]
         ended = time.perf_counter()
         if not done:
             raise RuntimeError(f"the stream ended without [DONE] after {chunks} content chunks")
@@ -185,12 +195,67 @@ def one_request(args, url, rng):
         conn.close()
 
 
+def abandoned_request(args, url, rng, streaming):
+    """A request whose client leaves half-way: a stream closed after a few content chunks, or a non-streaming
+    request (max_tokens --leave-max-tokens) whose connection is closed after 0.05-0.5 s without an answer.
+    Returns True when the client left before the end (False: the server finished first)."""
+    path = "/v1/chat/completions" if args.chat else "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    body = make_body(args, rng)
+    body["max_tokens"] = args.leave_max_tokens
+    if not streaming:
+        body["stream"] = False
+        del body["stream_options"]
+    patience = 0.05 + 0.45 * rng.random()
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80,
+                                      timeout=args.request_timeout if streaming else patience)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers)
+        try:
+            response = conn.getresponse()
+        except (TimeoutError, OSError):
+            return True  # no answer within its patience: it leaves
+        if response.status != 200:
+            raise RuntimeError(f"status {response.status}: {response.read(300).decode(errors='replace')!r}")
+        if not streaming:
+            response.read()
+            return False
+        wanted, seen = 1 + rng.randrange(8), 0
+        for raw in response:
+            line = raw.decode("utf-8", errors="replace")
+            if line.startswith("data: [DONE]"):
+                return False
+            if line.startswith("data: {") and ('"text"' in line or '"content"' in line):
+                seen += 1
+                if seen >= wanted:
+                    return True  # the connection closes below, mid-stream
+        return False
+    finally:
+        conn.close()
+
+
 def client(index, args, url, stats, clock, barrier):
     rng = random.Random(args.seed * 1000003 + index)
     barrier.wait()  # the main thread sets the clock before it arrives, last
     start, deadline = clock["start"], clock["deadline"]
     first = True
+    leaver = index < round(args.disconnect_fraction * args.clients)
+    left_streams = 0
     while time.perf_counter() < deadline:
+        if leaver:
+            left_streams += 1
+            try:
+                left = abandoned_request(args, url, rng, streaming=left_streams % 2 == 1)
+            except Exception as e:  # noqa: BLE001
+                stats.error(start, f"client {index} (leaving): {type(e).__name__}: {e}")
+                time.sleep(0.05)
+                continue
+            with stats.lock:
+                stats.abandoned += 1 if left else 0
+                stats.finished_before_leaving += 0 if left else 1
+            continue
         try:
             r = one_request(args, url, rng)
         except Exception as e:  # noqa: BLE001 - every fault is an error of the run, counted and reported
@@ -230,6 +295,38 @@ def http_get(url, path, timeout=5.0):
         return response.status, response.read().decode(errors="replace")
     finally:
         conn.close()
+
+
+def metric_values(url, names):
+    """The values of these /metrics lines (gauges and counters without labels); {} when unavailable."""
+    try:
+        status, text = http_get(url, "/metrics")
+    except OSError:
+        return {}
+    if status != 200:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 2 and parts[0] in names:
+            values[parts[0]] = float(parts[1])
+    return values
+
+
+def wait_until_idle(url, timeout):
+    """Polls /metrics until no request runs and no KV block is held; returns (running, blocks used, blocks total,
+    seconds waited) as last seen, or None when the server has no such metrics."""
+    names = ("microllm_requests_running", "microllm_kv_blocks_used", "microllm_kv_blocks_total")
+    start = time.perf_counter()
+    while True:
+        v = metric_values(url, names)
+        if len(v) < len(names):
+            return None
+        waited = time.perf_counter() - start
+        if (v["microllm_requests_running"] == 0 and v["microllm_kv_blocks_used"] == 0) or waited > timeout:
+            return (int(v["microllm_requests_running"]), int(v["microllm_kv_blocks_used"]),
+                    int(v["microllm_kv_blocks_total"]), waited)
+        time.sleep(0.1)
 
 
 def server_metrics(url):
@@ -347,6 +444,10 @@ def report(args, url, stats, wall, batching, server_ttft, server_note):
         "chunks_per_token": stats.chunks / tokens if tokens else None,
         "usage_missing": stats.usage_missing, "finish_reasons": stats.finish_reasons,
         "server_mean_batch": batching,
+        "disconnect_fraction": args.disconnect_fraction, "abandoned_requests": stats.abandoned,
+        "finished_before_leaving": stats.finished_before_leaving,
+        "after_run": None if stats.after_run is None else dict(zip(
+            ("requests_running", "kv_blocks_used", "kv_blocks_total", "seconds_waited"), stats.after_run)),
     }
     s = summary
     rows = [
@@ -368,6 +469,15 @@ def report(args, url, stats, wall, batching, server_ttft, server_note):
         ("finish reasons", ", ".join(f"{k} {v}" for k, v in sorted(stats.finish_reasons.items())) or "-"),
         ("server mean batch (/metrics)", "-" if batching is None else f"{batching:.2f}"),
     ]
+    if args.disconnect_fraction > 0:
+        rows.append(("requests abandoned half-way (streaming and not, alternately)",
+                     f"{stats.abandoned:,} by {round(args.disconnect_fraction * args.clients)} clients"
+                     + (f" ({stats.finished_before_leaving} finished before their client left)"
+                        if stats.finished_before_leaving else "")))
+    if stats.after_run is not None:
+        running, used, total, waited = stats.after_run
+        rows.append(("after the run (/metrics): requests running, KV blocks used",
+                     f"{running}, {used} of {total} (after {waited:.2f} s)"))
     lines = [
         f"# Serve load: {args.clients} clients, {args.duration:g} s ({now})", "",
         f"Command: `{command}`",
@@ -398,7 +508,13 @@ def main():
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--chat", action="store_true", help="POST /v1/chat/completions instead of /v1/completions")
     parser.add_argument("--prompt-words", type=int, default=0, help="random prompts of this many words (0: built-in)")
-    parser.add_argument("--model", default="", help="the request's model field (microllm serve accepts any)")
+    parser.add_argument("--model", default="", help="the request's model field (microllm serve: its --model-name)")
+    parser.add_argument("--disconnect-fraction", type=float, default=0.0,
+                        help="this share of the clients leave each request half-way, streaming and not in turn")
+    parser.add_argument("--leave-max-tokens", type=int, default=1024,
+                        help="max_tokens of the requests that are left half-way")
+    parser.add_argument("--settle-timeout", type=float, default=30.0,
+                        help="seconds for the server to free every request and KV block after the run")
     parser.add_argument("--api-key", default="")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds without a byte from the server")
@@ -411,6 +527,8 @@ def main():
     args = parser.parse_args()
     if args.clients < 1 or args.duration <= 0 or args.max_tokens < 1:
         parser.error("--clients, --duration and --max-tokens must be positive")
+    if not 0 <= args.disconnect_fraction < 1:
+        parser.error("--disconnect-fraction must be in [0, 1)")
     url = urllib.parse.urlparse(args.url.rstrip("/")) if args.url else None
 
     server, server_note = None, ""
@@ -450,6 +568,10 @@ def main():
             stats.error(start, "interrupted (SIGINT or SIGTERM) before the clients finished")
         wall = time.perf_counter() - start
         batching, server_ttft = server_metrics(url)
+        stats.after_run = wait_until_idle(url, args.settle_timeout)
+        if stats.after_run is not None and (stats.after_run[0] or stats.after_run[1]):
+            stats.error(start, f"{stats.after_run[0]} requests still running and {stats.after_run[1]} KV blocks "
+                               f"held {args.settle_timeout:g} s after the run")
     finally:
         if server is not None:
             code = server.stop()

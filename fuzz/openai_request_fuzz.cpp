@@ -30,6 +30,11 @@ void check_ranges(const CompletionRequest& r, Endpoint endpoint) {
   check(r.presence_penalty >= -2 && r.presence_penalty <= 2);
   check(r.frequency_penalty >= -2 && r.frequency_penalty <= 2);
   check(r.top_k >= 0);
+  check(r.min_p >= 0 && r.min_p < 1);
+  check(r.repetition_penalty > 0 && r.repetition_penalty <= 100);
+  for (const auto& [id, bias] : r.logit_bias) check(id >= 0 && bias >= -100 && bias <= 100);
+  check(!r.include_usage || r.stream);
+  check(!r.echo || endpoint == Endpoint::completions);
   check(r.stop.size() <= 16);
   for (const std::string& s : r.stop) check(!s.empty());
   if (endpoint == Endpoint::chat_completions) check(!r.messages.empty());

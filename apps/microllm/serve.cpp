@@ -49,7 +49,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--model-name", o->server.model_name, "The model's id in the API (default: the directory's name)");
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
-  cmd->add_option("-p,--port", o->server.port, "TCP port (0: any free port)")->capture_default_str();
+  cmd->add_option("-p,--port", o->server.port, "TCP port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--device", o->server.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o->server.dtype, "Weights and compute: f32 or bf16 (f64 too on the CPU)")
       ->capture_default_str();
@@ -72,6 +74,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http-threads", o->server.http_threads, "Connections served at once")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0: all)");
+  cmd->add_option("--cors", o->server.cors_origins,
+                  "Allow pages from these origins to call the API (CORS); --cors alone: any origin (*)")
+      ->expected(0, CLI::detail::expected_max_vector_size)
+      ->default_str("*");
   cmd->callback([o] { run_serve(*o); });
 }
 

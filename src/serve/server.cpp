@@ -1,4 +1,6 @@
-// The HTTP server (cpp-httplib) and the scheduler thread that runs the engine. See serve/server.h.
+// The HTTP side of the server (cpp-httplib): options, the model, the routes and their SSE streams. The engine
+// thread is serve/engine_loop.*, the metrics serve/metrics.*, the request format serve/openai_api.*. See
+// serve/server.h.
 #include "microllm/serve/server.h"
 
 #include <httplib.h>
@@ -6,24 +8,23 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
-#include <thread>
+#include <random>
 
 #include "microllm/core/error.h"
 #include "microllm/generate/engine.h"
-#include "microllm/generate/generate.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/tokenizer/tokenizer.h"
+#include "serve/connection.h"
+#include "serve/engine_loop.h"
+#include "serve/metrics.h"
 #include "serve/openai_api.h"
 
 namespace microllm::serve {
@@ -31,131 +32,36 @@ namespace microllm::serve {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// ---- Metrics (Prometheus text format) ----
+std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
 
-class Histogram {
+const ApiError kShuttingDown(503, "the server is shutting down", "server_error", "", "server_shutdown");
+
+// Response ids and default seeds: random, so that they differ across restarts and between servers.
+class RandomSource {
  public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-  void observe(double v) {
-    const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
-    ++counts_[i];
-    sum_ += v;
-    ++count_;
+  RandomSource() : engine_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
+  uint64_t next() {
+    std::lock_guard lock(m_);
+    return engine_();
   }
-  void write(std::ostringstream& out, const char* name, const char* help) const {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < bounds_.size(); ++i) {
-      cumulative += counts_[i];
-      out << name << "_bucket{le=\"" << bounds_[i] << "\"} " << cumulative << "\n";
-    }
-    out << name << "_bucket{le=\"+Inf\"} " << count_ << "\n" << name << "_sum " << sum_ << "\n"
-        << name << "_count " << count_ << "\n";
+  // prefix + 24 hex digits (96 random bits).
+  std::string id(const char* prefix) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out = prefix;
+    const uint64_t a = next(), b = next();
+    for (int i = 0; i < 16; ++i) out += kHex[(a >> (4 * i)) & 15];
+    for (int i = 0; i < 8; ++i) out += kHex[(b >> (4 * i)) & 15];
+    return out;
   }
 
  private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
-
-class Metrics {
- public:
-  void count_request(const std::string& endpoint, int status) {
-    std::lock_guard lock(m_);
-    ++requests_[{endpoint, status}];
-  }
-  void first_token(double seconds) {
-    std::lock_guard lock(m_);
-    ttft_.observe(seconds);
-    ++generated_tokens_;
-  }
-  void next_token(double seconds) {
-    std::lock_guard lock(m_);
-    itl_.observe(seconds);
-    ++generated_tokens_;
-  }
-  void prompt_tokens(int64_t n) {
-    std::lock_guard lock(m_);
-    prompt_tokens_ += static_cast<uint64_t>(n);
-  }
-  // Decode steps of the engine and the sequences they decoded, since the last call.
-  void decode_steps(uint64_t steps, uint64_t sequences) {
-    std::lock_guard lock(m_);
-    batches_ += steps;
-    batched_requests_ += sequences;
-  }
-  std::atomic<int64_t> running{0}, queued{0}, kv_blocks_used{0}, kv_blocks_total{0};
-
-  std::string text() const {
-    std::lock_guard lock(m_);
-    std::ostringstream out;
-    out << "# HELP microllm_requests_total HTTP requests by endpoint and status code.\n"
-        << "# TYPE microllm_requests_total counter\n";
-    for (const auto& [key, n] : requests_) {
-      out << "microllm_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n << "\n";
-    }
-    out << "# HELP microllm_generated_tokens_total Tokens generated (all requests, cancelled ones included).\n"
-        << "# TYPE microllm_generated_tokens_total counter\nmicrollm_generated_tokens_total " << generated_tokens_
-        << "\n# HELP microllm_prompt_tokens_total Prompt tokens of requests admitted.\n"
-        << "# TYPE microllm_prompt_tokens_total counter\nmicrollm_prompt_tokens_total " << prompt_tokens_ << "\n";
-    out << "# HELP microllm_batches_total Decode steps the engine ran (one token for each decoding sequence).\n"
-        << "# TYPE microllm_batches_total counter\nmicrollm_batches_total " << batches_
-        << "\n# HELP microllm_batched_requests_total Sequences decoded in those steps (summed over steps).\n"
-        << "# TYPE microllm_batched_requests_total counter\nmicrollm_batched_requests_total " << batched_requests_
-        << "\n";
-    ttft_.write(out, "microllm_time_to_first_token_seconds", "From the request's arrival to its first token.");
-    itl_.write(out, "microllm_inter_token_latency_seconds", "Between consecutive tokens of a request.");
-    out << "# HELP microllm_requests_running Requests being generated.\n# TYPE microllm_requests_running gauge\n"
-        << "microllm_requests_running " << running.load() << "\n"
-        << "# HELP microllm_requests_queued Requests waiting for the model.\n# TYPE microllm_requests_queued gauge\n"
-        << "microllm_requests_queued " << queued.load() << "\n"
-        << "# HELP microllm_kv_blocks_used KV cache blocks held by requests.\n# TYPE microllm_kv_blocks_used gauge\n"
-        << "microllm_kv_blocks_used " << kv_blocks_used.load() << "\n"
-        << "# HELP microllm_kv_blocks_total KV cache blocks in the pool.\n# TYPE microllm_kv_blocks_total gauge\n"
-        << "microllm_kv_blocks_total " << kv_blocks_total.load() << "\n";
-    return out.str();
-  }
-
- private:
-  mutable std::mutex m_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;
-  uint64_t generated_tokens_ = 0, prompt_tokens_ = 0, batches_ = 0, batched_requests_ = 0;
-  Histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
-  Histogram itl_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
-};
-
-// ---- Jobs: one request on its way through the scheduler ----
-
-struct Job {
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 16;  // already capped to the model's window
-  generate::SamplingParams sampling;
-  std::vector<std::string> stop;
-  const std::vector<int64_t>* stop_ids = nullptr;
-  Clock::time_point arrived = Clock::now();
-  std::atomic<bool> cancelled{false};
-  uint64_t engine_id = 0;  // set by submit()
-
-  // Written by the scheduler, read by the HTTP thread.
-  std::mutex m;
-  std::condition_variable cv;
-  std::string pending;  // text not yet taken by the HTTP thread
-  std::string text;     // all of it (for stream false)
-  bool done = false;
-  std::string finish_reason;  // "stop", "length" ("cancelled" when nobody listens any more)
-  std::string error;          // generation failed (a 500)
-  int64_t completion_tokens = 0;
-
+  std::mutex m_;
+  std::mt19937_64 engine_;
 };
 
 }  // namespace
@@ -166,23 +72,18 @@ struct Server::Impl {
   std::unique_ptr<nn::TransformerLM> model;
   std::optional<Tokenizer> tokenizer;
   std::optional<ChatTemplate> chat_template;
-  DType compute_dtype = DType::f32;
   std::vector<int64_t> stop_ids, chat_stop_ids;
   int64_t created = unix_time();
+  RandomSource random;
 
   Metrics metrics;
+  std::unique_ptr<generate::Engine> engine;
+  std::unique_ptr<EngineLoop> loop;
   httplib::Server http;
   socket_t listening_socket = INVALID_SOCKET;  // httplib.h's socket type; set while binding (start())
-  std::thread listener, scheduler;
-  std::atomic<bool> stopping{false};
-  std::atomic<bool> started{false};
-  std::atomic<uint64_t> next_id{1};
+  std::thread listener;
+  std::atomic<bool> started{false}, stopping{false};
   int bound_port = 0;
-
-  std::unique_ptr<generate::Engine> engine;
-  std::mutex queue_m;  // guards live; the scheduler sleeps on queue_cv while the engine is idle
-  std::condition_variable queue_cv;
-  std::map<uint64_t, std::shared_ptr<Job>> live;  // submitted and not finished, by engine id
   std::mutex stop_m;
   std::condition_variable stop_cv;
   bool stopped = false;
@@ -190,6 +91,8 @@ struct Server::Impl {
   explicit Impl(ServerOptions o) : options(std::move(o)) {
     MICROLLM_CHECK(!options.model_dir.empty(), ValueError, "serve", "no model directory");
     MICROLLM_CHECK(options.max_batch >= 1, ValueError, "serve", "max_batch must be >= 1");
+    MICROLLM_CHECK(options.port >= 0 && options.port <= 65535, ValueError, "serve", "port must be in 0-65535, got ",
+                   options.port);
     name = options.model_name;
     if (name.empty()) {
       name = fs::path(options.model_dir).lexically_normal().filename().string();
@@ -202,7 +105,6 @@ struct Server::Impl {
     const bool f64_on_cpu = load.dtype == DType::f64 && load.device.is_cpu();  // the tests' exact comparisons
     MICROLLM_CHECK(load.dtype == DType::f32 || load.dtype == DType::bf16 || f64_on_cpu, ValueError, "serve",
                    "dtype must be f32 or bf16 (or f64 on the CPU), got ", options.dtype, " on ", load.device);
-    compute_dtype = load.dtype;
     model = models::load_model(options.model_dir, load).model;
     model->fuse_projections();
     tokenizer = Tokenizer::load_if_present(options.model_dir);
@@ -222,11 +124,12 @@ struct Server::Impl {
     chat_stop_ids = stop_ids_of(true);
     generate::EngineOptions engine_options;
     engine_options.max_batch = options.max_batch;
-    engine_options.dtype = compute_dtype;
+    engine_options.dtype = load.dtype;
     engine_options.kv_blocks = options.kv_blocks;
     engine_options.prefill_chunk = options.prefill_chunk;
     engine = std::make_unique<generate::Engine>(*model, engine_options);
     metrics.kv_blocks_total = engine->stats().kv_blocks_total;
+    loop = std::make_unique<EngineLoop>(*engine, tokenizer ? &*tokenizer : nullptr, metrics);
   }
 
   // ---- Requests -> jobs ----
@@ -237,238 +140,88 @@ struct Server::Impl {
                                 reinterpret_cast<const uint8_t*>(text.data()) + text.size());
   }
 
-  std::shared_ptr<Job> make_job(const CompletionRequest& r) const {
-    const nn::TransformerConfig& config = model->config();
-    auto job = std::make_shared<Job>();
-    const char* param = "prompt";
+  std::string decode(const std::vector<int32_t>& ids) const {
+    if (tokenizer) return tokenizer->decode(ids);
+    std::string text;
+    for (int32_t id : ids) text += static_cast<char>(static_cast<uint8_t>(id));
+    return text;
+  }
+
+  // The prompt's ids: the chat template's rendering of the messages, the ids given, or the encoded text; an
+  // empty prompt starts from the bos token.
+  std::vector<int32_t> prompt_of(const CompletionRequest& r) const {
+    const char* param = r.endpoint == Endpoint::chat_completions ? "messages" : "prompt";
+    std::vector<int32_t> prompt;
     if (r.endpoint == Endpoint::chat_completions) {
-      param = "messages";
       if (!chat_template) {
         throw ApiError(400, "the model " + name + " has no (supported) chat template: use /v1/completions",
                        "invalid_request_error", "messages", "no_chat_template");
       }
       try {
-        job->prompt = encode(chat_template->render(r.messages), /*add_special_tokens=*/false);
+        prompt = encode(chat_template->render(r.messages, {.enable_thinking = r.enable_thinking}), false);
       } catch (const ValueError& e) {
         throw ApiError(400, e.what(), "invalid_request_error", "messages");
       }
     } else if (r.prompt_ids) {
-      job->prompt = *r.prompt_ids;
-      for (int32_t id : job->prompt) {
-        if (id >= config.vocab_size) {
-          throw ApiError(400, str_cat("prompt token id ", id, " is outside the vocabulary of ", config.vocab_size),
-                         "invalid_request_error", "prompt");
-        }
-      }
+      prompt = *r.prompt_ids;
     } else {
       try {
-        job->prompt = encode(r.prompt, /*add_special_tokens=*/true);
+        prompt = encode(r.prompt, /*add_special_tokens=*/true);
       } catch (const ValueError& e) {
         throw ApiError(400, e.what(), "invalid_request_error", "prompt");
       }
     }
-    if (job->prompt.empty()) {  // an empty prompt starts from BOS
-      if (config.bos_token_id >= 0) job->prompt.push_back(static_cast<int32_t>(config.bos_token_id));
-      else if (tokenizer && tokenizer->bos_id()) job->prompt.push_back(*tokenizer->bos_id());
+    const nn::TransformerConfig& config = model->config();
+    for (int32_t id : prompt) {
+      if (id >= config.vocab_size) {
+        throw ApiError(400, str_cat("prompt token id ", id, " is outside the vocabulary of ", config.vocab_size),
+                       "invalid_request_error", param);
+      }
+    }
+    if (prompt.empty()) {
+      if (config.bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(config.bos_token_id));
+      else if (tokenizer && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
       else throw ApiError(400, "the prompt is empty and the model has no bos token", "invalid_request_error", param);
     }
-    const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
-    if (prompt_tokens >= config.max_position_embeddings) {
+    if (static_cast<int64_t>(prompt.size()) >= config.max_position_embeddings) {
       throw ApiError(400,
                      str_cat("This model's maximum context length is ", config.max_position_embeddings,
-                             " tokens; the prompt has ", prompt_tokens, " tokens, which leaves no room to generate."),
+                             " tokens; the prompt has ", prompt.size(), " tokens, which leaves no room to generate."),
                      "invalid_request_error", param, "context_length_exceeded");
     }
-    const int64_t wanted =
-        r.max_tokens.value_or(r.endpoint == Endpoint::completions ? 16 : options.default_max_tokens);
-    job->max_tokens = std::min(wanted, config.max_position_embeddings - prompt_tokens);
-    job->sampling.temperature = r.temperature;
-    job->sampling.top_p = r.top_p;
-    job->sampling.top_k = r.top_k;
-    job->sampling.presence_penalty = r.presence_penalty;
-    job->sampling.frequency_penalty = r.frequency_penalty;
-    job->sampling.seed = r.seed.value_or(next_id.load() * 0x9E3779B97F4A7C15ull);
+    return prompt;
+  }
+
+  std::shared_ptr<Job> make_job(const CompletionRequest& r) {
+    if (!r.model.empty() && r.model != name) {
+      throw ApiError(404, "The model '" + r.model + "' does not exist; this server serves '" + name + "'",
+                     "invalid_request_error", "model", "model_not_found");
+    }
+    const nn::TransformerConfig& config = model->config();
+    auto job = std::make_shared<Job>();
+    job->prompt = prompt_of(r);
+    // max_tokens past the window is cut to what fits beside the prompt.
+    const int64_t wanted = r.max_tokens.value_or(r.endpoint == Endpoint::completions ? 16 : options.default_max_tokens);
+    job->max_tokens = std::min(wanted, config.max_position_embeddings - static_cast<int64_t>(job->prompt.size()));
+    generate::SamplingParams& s = job->sampling;
+    s.temperature = r.temperature;
+    s.top_p = r.top_p;
+    s.top_k = r.top_k;
+    s.min_p = r.min_p;
+    s.repetition_penalty = r.repetition_penalty;
+    s.presence_penalty = r.presence_penalty;
+    s.frequency_penalty = r.frequency_penalty;
+    s.logit_bias = r.logit_bias;
+    for (const auto& [id, bias] : s.logit_bias) {
+      if (id >= config.vocab_size) {
+        throw ApiError(400, str_cat("logit_bias token id ", id, " is outside the vocabulary of ", config.vocab_size),
+                       "invalid_request_error", "logit_bias");
+      }
+    }
+    s.seed = r.seed.value_or(random.next());
     job->stop = r.stop;
-    job->stop_ids = r.endpoint == Endpoint::chat_completions ? &chat_stop_ids : &stop_ids;
+    job->stop_ids = r.endpoint == Endpoint::chat_completions ? chat_stop_ids : stop_ids;
     return job;
-  }
-
-  // Hands the job to the engine; its tokens come back through on_token on the scheduler thread.
-  void submit(const std::shared_ptr<Job>& job) {
-    auto active = std::make_shared<Active>(Active{job, nullptr, generate::StopStringMatcher(job->stop), 0, false,
-                                                  Clock::now()});
-    if (tokenizer) active->stream = std::make_shared<StreamDecoder>(tokenizer->stream_decoder(/*skip_special_tokens=*/true));
-    generate::EngineRequest request;
-    request.prompt = job->prompt;
-    request.max_new_tokens = job->max_tokens;
-    request.sampling = job->sampling;
-    // Stop ids are the server's to handle (on_token): the text before them must be finished first.
-    request.on_token = [this, active](int32_t token) { return on_token(*active, token); };
-    request.on_finish = [this, active](const generate::Generation& g) {
-      if (!active->finished) {
-        if (g.finish_reason == generate::FinishReason::callback) active->finish("cancelled");
-        else finish_text(*active, "length");  // max tokens or the model's window
-      }
-      std::lock_guard lock(queue_m);
-      live.erase(active->job->engine_id);
-    };
-    {
-      std::lock_guard lock(queue_m);
-      if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-      try {
-        job->engine_id = engine->submit(std::move(request));
-      } catch (const ValueError& e) {  // more KV blocks than the cache has, say
-        throw ApiError(400, e.what(), "invalid_request_error", "max_tokens", "context_length_exceeded");
-      }
-      live[job->engine_id] = job;
-    }
-    metrics.prompt_tokens(static_cast<int64_t>(job->prompt.size()));
-    queue_cv.notify_one();
-  }
-
-  void cancel(Job& job) {
-    job.cancelled = true;
-    engine->cancel(job.engine_id);
-  }
-
-  // ---- The scheduler ----
-
-  struct Active {
-    std::shared_ptr<Job> job;
-    std::shared_ptr<StreamDecoder> stream;
-    generate::StopStringMatcher matcher;
-    int64_t count = 0;
-    bool finished = false;
-    Clock::time_point last;
-
-    void send(const std::string& piece) {
-      if (piece.empty()) return;
-      std::lock_guard lock(job->m);
-      job->pending += piece;
-      job->text += piece;
-      job->cv.notify_all();
-    }
-    void finish(const std::string& reason, const std::string& error = "") {
-      if (finished) return;
-      finished = true;
-      std::lock_guard lock(job->m);
-      job->done = true;
-      job->finish_reason = reason;
-      job->error = error;
-      job->completion_tokens = count;
-      job->cv.notify_all();
-    }
-  };
-
-  std::string decode(Active& a, int32_t token) const {
-    if (a.stream) return a.stream->push(token);
-    return std::string(1, static_cast<char>(static_cast<uint8_t>(token)));  // a byte model (ids 0..255)
-  }
-
-  // The end of a sequence that was not stopped by a stop string: the decoder's and the matcher's tails.
-  void finish_text(Active& a, const std::string& reason) {
-    std::string tail;
-    if (a.stream) tail = a.matcher.push(a.stream->finish());
-    if (a.matcher.stopped()) {
-      a.send(tail);
-      a.finish("stop");
-      return;
-    }
-    a.send(tail + a.matcher.flush());
-    a.finish(reason);
-  }
-
-  // Returns whether the sequence goes on.
-  bool on_token(Active& a, int32_t token) {
-    if (a.finished) return false;
-    const Clock::time_point now = Clock::now();
-    if (a.count == 0) metrics.first_token(seconds_between(a.job->arrived, now));
-    else metrics.next_token(seconds_between(a.last, now));
-    a.last = now;
-    ++a.count;
-    if (a.job->cancelled || stopping) {
-      a.finish("cancelled");
-      return false;
-    }
-    const std::vector<int64_t>& ids = *a.job->stop_ids;
-    if (std::find(ids.begin(), ids.end(), int64_t{token}) != ids.end()) {  // not decoded
-      finish_text(a, "stop");
-      return false;
-    }
-    if (token >= 0 && (a.stream || token < 256)) {
-      const std::string piece = a.matcher.push(decode(a, token));
-      a.send(piece);
-      if (a.matcher.stopped()) {
-        a.finish("stop");
-        return false;
-      }
-    }
-    if (a.count >= a.job->max_tokens) {
-      finish_text(a, "length");
-      return false;
-    }
-    return true;
-  }
-
-  void publish_engine_metrics(generate::EngineStats& last) {
-    const generate::EngineStats now = engine->stats();
-    metrics.running = now.prefilling + now.decoding;
-    metrics.queued = now.waiting;
-    metrics.kv_blocks_used = now.kv_blocks_used;
-    metrics.decode_steps(now.decode_steps - last.decode_steps, now.decoded_sequences - last.decoded_sequences);
-    last = now;
-  }
-
-  // The engine's thread: steps while there is work, sleeps while there is none.
-  void scheduler_loop() {
-    generate::EngineStats last = engine->stats();
-    while (true) {
-      {
-        std::unique_lock lock(queue_m);
-        queue_cv.wait(lock, [&] { return stopping || !engine->idle(); });
-        if (stopping) break;
-      }
-      try {
-        engine->step();
-      } catch (const std::exception& e) {
-        fail_all(str_cat("generation failed: ", e.what()));
-      }
-      publish_engine_metrics(last);
-    }
-    // Shutting down: every request still queued or running ends as cancelled (on_token and on_finish see
-    // `stopping`), without running the model for the queued ones.
-    std::vector<uint64_t> ids;
-    {
-      std::lock_guard lock(queue_m);
-      for (const auto& [id, job] : live) ids.push_back(id);
-    }
-    for (uint64_t id : ids) engine->cancel(id);
-    try {
-      engine->run_until_idle();
-    } catch (const std::exception&) {
-    }
-    publish_engine_metrics(last);
-  }
-
-  // The engine threw (out of memory, say): every request in it fails with a 500 and is cancelled.
-  void fail_all(const std::string& error) {
-    std::vector<std::shared_ptr<Job>> jobs;
-    {
-      std::lock_guard lock(queue_m);
-      for (const auto& [id, job] : live) jobs.push_back(job);
-    }
-    for (const std::shared_ptr<Job>& job : jobs) {
-      {
-        std::lock_guard lock(job->m);
-        if (!job->done) {
-          job->done = true;
-          job->finish_reason = "error";
-          job->error = error;
-        }
-        job->cv.notify_all();
-      }
-      cancel(*job);
-    }
   }
 
   // ---- HTTP ----
@@ -487,38 +240,32 @@ struct Server::Impl {
     }
   }
 
-  static std::string sse(const std::string& data) { return "data: " + data + "\n\n"; }
-
   void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
     const std::string path = endpoint_path(endpoint);
     try {
       check_auth(req);
       const CompletionRequest r = parse_completion_request(req.body, endpoint);
       std::shared_ptr<Job> job = make_job(r);
-      ResponseInfo info;
-      info.endpoint = endpoint;
-      info.id = str_cat(endpoint == Endpoint::completions ? "cmpl-" : "chatcmpl-", next_id.fetch_add(1));
-      info.created = unix_time();
-      info.model = r.model.empty() ? name : r.model;
-      submit(job);
+      ResponseInfo info{endpoint, random.id(endpoint == Endpoint::completions ? "cmpl-" : "chatcmpl-"), unix_time(),
+                        name, r.include_usage};
+      const std::string echoed = r.echo ? (r.prompt_ids ? decode(*r.prompt_ids) : r.prompt) : "";
+      loop->submit(job);
       const Usage usage_base{static_cast<int64_t>(job->prompt.size()), 0};
       if (r.stream) {
-        stream_response(res, job, info, usage_base);
+        stream_response(res, job, info, usage_base, echoed);
         metrics.count_request(path, 200);
         return;
       }
-      std::unique_lock lock(job->m);
-      while (!job->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return job->done; })) {
-        if (stopping) {
-          cancel(*job);
-          throw ApiError(503, "the server is shutting down", "server_error");
-        }
+      const std::optional<int> status = wait_whole(req, *job);
+      if (status) {  // the client left
+        metrics.count_request(path, *status);
+        return;
       }
-      if (!job->error.empty()) throw ApiError(500, job->error, "server_error");
-      if (job->finish_reason == "cancelled") throw ApiError(503, "the server is shutting down", "server_error");
+      if (job->end == JobEnd::failed) throw ApiError(500, job->error, "server_error");
+      if (job->end != JobEnd::finished) throw kShuttingDown;
       Usage usage = usage_base;
       usage.completion_tokens = job->completion_tokens;
-      res.set_content(completion_body(info, job->text, job->finish_reason, usage), "application/json");
+      res.set_content(completion_body(info, echoed + job->text, job->finish_reason, usage), "application/json");
       metrics.count_request(path, 200);
     } catch (const ApiError& e) {
       reply_error(res, path, e);
@@ -529,10 +276,28 @@ struct Server::Impl {
     }
   }
 
+  // Waits until a non-streaming job ends. Returns 499 when its client closed the connection meanwhile (the job
+  // is cancelled: its row and KV blocks go back at the engine's next step), nothing otherwise.
+  std::optional<int> wait_whole(const httplib::Request& req, Job& job) {
+    const std::optional<PeerWatch> peer =
+        PeerWatch::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    std::unique_lock lock(job.m);
+    while (!job.cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return job.end != JobEnd::running; })) {
+      if (loop->stopping()) break;  // the engine thread ends the job as shutdown
+      if (peer && peer->closed()) {
+        lock.unlock();
+        loop->cancel(job);
+        return 499;
+      }
+    }
+    job.cv.wait(lock, [&] { return job.end != JobEnd::running; });
+    return std::nullopt;
+  }
+
   void stream_response(httplib::Response& res, const std::shared_ptr<Job>& job, const ResponseInfo& info,
-                       const Usage& usage_base) {
+                       const Usage& usage_base, const std::string& echoed) {
     struct State {
-      bool sent_role = false;
+      bool started = false;
       Clock::time_point last_write = Clock::now();
     };
     auto state = std::make_shared<State>();
@@ -540,44 +305,34 @@ struct Server::Impl {
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, info, usage_base, state](size_t, httplib::DataSink& sink) {
+        [this, job, info, usage_base, echoed, state](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) {
             if (!sink.write(s.data(), s.size())) return false;
             state->last_write = Clock::now();
             return true;
           };
           auto cancel = [&] {
-            this->cancel(*job);  // frees its row and KV blocks at the engine's next step
+            loop->cancel(*job);  // frees its row and KV blocks at the engine's next step
             return false;
           };
-          if (stopping) return cancel();
-          if (info.endpoint == Endpoint::chat_completions && !state->sent_role) {
-            if (!write(sse(chunk_body(info, "", /*role=*/true)))) return cancel();
-            state->sent_role = true;
+          if (!state->started) {  // chat's role chunk; completions' echoed prompt
+            const bool chat = info.endpoint == Endpoint::chat_completions;
+            if ((chat || !echoed.empty()) && !write(sse(chunk_body(info, echoed, /*role=*/chat)))) return cancel();
+            state->started = true;
           }
-          std::string text, reason, error;
-          bool done = false;
-          int64_t tokens = 0;
+          std::string text;
+          JobEnd end = JobEnd::running;
           {
             std::unique_lock lock(job->m);
-            job->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !job->pending.empty() || job->done; });
+            job->cv.wait_for(lock, std::chrono::milliseconds(100),
+                             [&] { return !job->pending.empty() || job->end != JobEnd::running; });
             text.swap(job->pending);
-            done = job->done;
-            reason = job->finish_reason;
-            error = job->error;
-            tokens = job->completion_tokens;
+            end = job->end;
           }
           if (!sink.is_writable()) return cancel();
           if (!text.empty() && !write(sse(chunk_body(info, text)))) return cancel();
-          if (done) {
-            if (!error.empty()) {
-              write(sse(error_body(ApiError(500, error, "server_error"))));
-            } else {
-              Usage usage = usage_base;
-              usage.completion_tokens = tokens;
-              write(sse(chunk_body(info, "", false, reason, usage)));
-            }
-            write("data: [DONE]\n\n");
+          if (end != JobEnd::running) {
+            finish_stream(*job, end, info, usage_base, write);
             sink.done();
             return true;
           }
@@ -586,8 +341,23 @@ struct Server::Impl {
           return true;
         },
         [this, job](bool success) {
-          if (!success) cancel(*job);
+          if (!success) loop->cancel(*job);
         });
+  }
+
+  // The stream's last events: the finish chunk (and the usage chunk when asked for), or an error event when the
+  // job did not finish (the engine failed, the server is shutting down), then [DONE].
+  template <typename Write>
+  static void finish_stream(Job& job, JobEnd end, const ResponseInfo& info, Usage usage, const Write& write) {
+    std::lock_guard lock(job.m);
+    if (end == JobEnd::finished) {
+      write(sse(chunk_body(info, "", false, job.finish_reason)));
+      usage.completion_tokens = job.completion_tokens;
+      if (info.include_usage) write(sse(usage_chunk_body(info, usage)));
+    } else {
+      write(sse(error_body(end == JobEnd::failed ? ApiError(500, job.error, "server_error") : kShuttingDown)));
+    }
+    write("data: [DONE]\n\n");
   }
 
   void install_routes() {
@@ -612,12 +382,27 @@ struct Server::Impl {
         reply_error(res, "/v1/models", e);
       }
     });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        check_auth(req);
+        const std::string id = req.matches[1];
+        if (id != name) {
+          throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + name + "'",
+                         "invalid_request_error", "model", "model_not_found");
+        }
+        res.set_content(model_body(name, created), "application/json");
+        metrics.count_request("/v1/models/{id}", 200);
+      } catch (const ApiError& e) {
+        reply_error(res, "/v1/models/{id}", e);
+      }
+    });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       handle_completion(req, res, Endpoint::completions);
     });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       handle_completion(req, res, Endpoint::chat_completions);
     });
+    if (!options.cors_origins.empty()) install_cors();
     // Errors httplib answers itself (404, 413 for a body over the limit, 400 for a malformed request) get
     // an OpenAI error object too; the handlers' own errors already have one.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -640,31 +425,64 @@ struct Server::Impl {
     });
   }
 
+  // The origin a response may name in Access-Control-Allow-Origin: "*" when any is allowed, the request's
+  // Origin when it is in the list, nothing otherwise.
+  std::string allowed_origin(const httplib::Request& req) const {
+    const auto& origins = options.cors_origins;
+    if (std::find(origins.begin(), origins.end(), "*") != origins.end()) return "*";
+    const std::string origin = req.get_header_value("Origin");
+    return std::find(origins.begin(), origins.end(), origin) != origins.end() ? origin : "";
+  }
+
+  // CORS (--cors): every response names the allowed origin, and OPTIONS preflights are answered without a key.
+  void install_cors() {
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string origin = allowed_origin(req);
+      if (origin.empty()) return;
+      res.set_header("Access-Control-Allow-Origin", origin);
+      if (origin != "*") res.set_header("Vary", "Origin");
+    });
+    http.Options(R"(.*)", [this](const httplib::Request& req, httplib::Response& res) {
+      res.status = 204;
+      if (allowed_origin(req).empty()) return;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+      metrics.count_request("OPTIONS", 204);
+    });
+  }
+
   void start() {
     MICROLLM_CHECK(!started.exchange(true), ValueError, "serve", "the server was started already");
     install_routes();
+    // SO_REUSEADDR (a restart binds while old connections linger in TIME_WAIT), never SO_REUSEPORT (cpp-httplib's
+    // default): with it a second server bound the same port and took half of the first one's connections.
     http.set_socket_options([this](socket_t sock) {
-      httplib::default_socket_options(sock);  // what the library sets without a hook (SO_REUSEPORT)
-      listening_socket = sock;                // the last one made is the one bound
+      const int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listening_socket = sock;  // the last one made is the one bound
     });
+    errno = 0;
     if (options.port == 0) {
       bound_port = http.bind_to_any_port(options.host);
-      MICROLLM_CHECK(bound_port > 0, IoError, "serve", "cannot bind ", options.host, " (any port)");
+      MICROLLM_CHECK(bound_port > 0, IoError, "serve", "cannot bind ", options.host, " (any port): ",
+                     errno ? std::strerror(errno) : "unknown error");
     } else {
       MICROLLM_CHECK(http.bind_to_port(options.host, options.port), IoError, "serve", "cannot bind ", options.host, ":",
-                     options.port);
+                     options.port, ": ",
+                     errno == EADDRINUSE ? "address already in use (is another server listening there?)"
+                                         : (errno ? std::strerror(errno) : "unknown error"));
       bound_port = options.port;
     }
     widen_accept_queue();
-    scheduler = std::thread([this] { scheduler_loop(); });
+    loop->start();
     listener = std::thread([this] { http.listen_after_bind(); });
   }
 
   // Debian's compiled cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG). A burst of more
   // connections at once overflows the accept queue, the kernel drops the extra handshakes, and their clients
-  // retry after TCP's initial 1 s timeout: 64 streaming clients starting together measured a largest time to
-  // first token of 1.09 s where the server's own (from a request's arrival) was <= 0.5 s. Listening again on
-  // the bound socket sets a larger backlog (Linux updates a listening socket's).
+  // retry after TCP's initial 1 s timeout. Listening again on the bound socket sets a larger backlog (Linux
+  // updates a listening socket's).
   void widen_accept_queue() {
     MICROLLM_CHECK(listening_socket != INVALID_SOCKET && ::listen(listening_socket, SOMAXCONN) == 0, IoError, "serve",
                    "cannot listen on ", options.host, ":", bound_port, " with a backlog of ", SOMAXCONN, ": ",
@@ -672,12 +490,12 @@ struct Server::Impl {
   }
 
   void stop() {
-    {
-      std::lock_guard lock(queue_m);
-      if (stopping.exchange(true)) return;
+    if (stopping.exchange(true)) {  // another thread stops it: wait for that
+      std::unique_lock lock(stop_m);
+      stop_cv.wait(lock, [&] { return stopped; });
+      return;
     }
-    queue_cv.notify_all();
-    if (scheduler.joinable()) scheduler.join();
+    loop->stop();
     http.stop();
     if (listener.joinable()) listener.join();
     {

@@ -71,11 +71,13 @@ check(c["object"] == "text_completion" and isinstance(c["choices"][0]["text"], s
 check(c["choices"][0]["finish_reason"] in ("stop", "length"), "completion finish_reason")
 u = c["usage"]
 check(u["prompt_tokens"] == 16 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], f"usage {u}")
-chunks = stream("/v1/completions", request)
+chunks = stream("/v1/completions", dict(request, stream_options={"include_usage": True}))
+usage_chunk = chunks.pop()  # stream_options.include_usage: the last chunk has the usage and no choices
+check(usage_chunk["choices"] == [] and usage_chunk["usage"] == u, f"streamed usage {usage_chunk}")
 check(all(ch["object"] == "text_completion" for ch in chunks), "completion chunks are text_completion")
 check("".join(ch["choices"][0]["text"] for ch in chunks) == c["choices"][0]["text"], "streamed text == whole text")
 check(chunks[-1]["choices"][0]["finish_reason"] == c["choices"][0]["finish_reason"], "streamed finish_reason")
-check(chunks[-1].get("usage") == u, "streamed usage")
+check(all(ch["usage"] is None for ch in chunks), "the other chunks have usage null")
 
 # Chat completions.
 chat = {"model": "tiny", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
@@ -100,7 +102,11 @@ check(a == b, "the same seed gives the same text")
 for name, path, body, raw, want, param in [
     ("malformed JSON", "/v1/completions", None, b'{"prompt": ', 400, None),
     ("max_tokens of the wrong type", "/v1/completions", {"prompt": "x", "max_tokens": "ten"}, None, 400, "max_tokens"),
-    ("messages missing", "/v1/chat/completions", {"prompt": "x"}, None, 400, "messages"),
+    ("messages missing", "/v1/chat/completions", {"model": "tiny"}, None, 400, "messages"),
+    ("an unknown field", "/v1/completions", {"prompt": "x", "temprature": 0}, None, 400, "temprature"),
+    ("tools (not supported)", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     None, 400, "tools"),
     ("a prompt longer than the context", "/v1/completions", {"prompt": "a" * 600}, None, 400, "prompt"),
     ("an oversized body", "/v1/completions", None, b" " * 100000, 413, None),
 ]:

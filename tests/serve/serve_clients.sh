@@ -69,10 +69,11 @@ else
     -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 8, "temperature": 0.7, "seed": 3}' \
     "$base/v1/chat/completions"
   check stream 200 'data: [DONE]' -N "${json[@]}" \
-    -d '{"prompt": "abc", "max_tokens": 6, "stream": true, "temperature": 0}' "$base/v1/completions"
+    -d '{"prompt": "abc", "max_tokens": 6, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0}' \
+    "$base/v1/completions"
   grep -q '^data: {' "$out/stream.body" || fail "stream: no data chunks"
   grep -qF '"finish_reason":"' "$out/stream.body" || fail "stream: no finish_reason"
-  grep -qF '"usage"' "$out/stream.body" || fail "stream: no usage"
+  grep -qF '"choices":[],' "$out/stream.body" || fail "stream: no usage chunk"
   check chat-stream 200 'chat.completion.chunk' -N "${json[@]}" \
     -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 6, "stream": true}' "$base/v1/chat/completions"
   tail -n 2 "$out/chat-stream.body" | grep -qF 'data: [DONE]' || fail "chat-stream: [DONE] is not last"
@@ -83,6 +84,9 @@ else
   check too-long 400 'context_length_exceeded' "${json[@]}" \
     -d "{\"prompt\": \"$(head -c 600 /dev/zero | tr '\0' a)\"}" "$base/v1/completions"
   check not-found 404 '"error"' "$base/v1/engines"
+  check model-by-id 200 '"id":"tiny"' "$base/v1/models/tiny"
+  check unknown-field 400 '"code":"unknown_parameter"' "${json[@]}" -d '{"prompt": "x", "foo": 1}' "$base/v1/completions"
+  check refused-field 400 '"param":"n"' "${json[@]}" -d '{"prompt": "x", "n": 3}' "$base/v1/completions"
   check metrics 200 'microllm_requests_total{endpoint="/v1/completions",status="200"}' "$base/metrics"
   grep -qF 'microllm_time_to_first_token_seconds_bucket' "$out/metrics.body" || fail "metrics: no TTFT histogram"
 fi

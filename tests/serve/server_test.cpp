@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 
 #include "microllm/generate/generate.h"
 #include "microllm/tokenizer/tokenizer.h"
+#include "sse_testing.h"
 #include "test_support.h"
 #include "tiny_model_dir.h"
 
@@ -32,37 +34,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-struct Sse {
-  std::vector<json> chunks;  // every data: line but [DONE], parsed
-  bool done = false;         // the last data line was [DONE]
-  std::string text;          // the concatenated text / delta.content
-};
-
-Sse parse_sse(const std::string& body, bool chat) {
-  Sse out;
-  std::istringstream in(body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == ':') continue;
-    EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
-    const std::string data = line.substr(6);
-    EXPECT_FALSE(out.done) << "data after [DONE]: " << data;
-    if (data == "[DONE]") {
-      out.done = true;
-      continue;
-    }
-    json chunk = json::parse(data);
-    const json& choice = chunk["choices"][0];
-    if (chat) {
-      if (choice["delta"].contains("content")) out.text += choice["delta"]["content"].get<std::string>();
-    } else {
-      out.text += choice["text"].get<std::string>();
-    }
-    out.chunks.push_back(std::move(chunk));
-  }
-  return out;
-}
 
 class ServeTest : public ::testing::Test {
  protected:
@@ -167,7 +138,8 @@ TEST_F(ServeTest, CompletionGreedyEqualsGenerate) {
 
 TEST_F(ServeTest, StreamingCompletionMatchesNonStreaming) {
   const generate::Generation ref = completion_reference("In the beginning", 20);
-  auto res = post("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 20}, {"temperature", 0}, {"stream", true}});
+  auto res = post("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 20}, {"temperature", 0}, {"stream", true},
+                                      {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
@@ -178,9 +150,19 @@ TEST_F(ServeTest, StreamingCompletionMatchesNonStreaming) {
   const json& last = sse.chunks.back();
   EXPECT_EQ(last["object"], "text_completion");
   EXPECT_EQ(last["choices"][0]["finish_reason"], finish_name(ref.finish_reason));
-  EXPECT_EQ(last["usage"]["completion_tokens"], ref.tokens.size());
-  EXPECT_EQ(last["usage"]["prompt_tokens"], 16);
+  ASSERT_TRUE(sse.usage_chunk);
+  EXPECT_EQ((*sse.usage_chunk)["usage"]["completion_tokens"], ref.tokens.size());
+  EXPECT_EQ((*sse.usage_chunk)["usage"]["prompt_tokens"], 16);
   for (size_t i = 0; i + 1 < sse.chunks.size(); ++i) EXPECT_TRUE(sse.chunks[i]["choices"][0]["finish_reason"].is_null());
+  for (const json& chunk : sse.chunks) EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null()) << chunk;
+
+  // Without stream_options.include_usage: no usage anywhere, as OpenAI streams.
+  auto plain = post("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 20}, {"temperature", 0}, {"stream", true}});
+  ASSERT_TRUE(plain);
+  const Sse plain_sse = parse_sse(plain->body, false);
+  EXPECT_EQ(plain_sse.text, ref.text);
+  EXPECT_FALSE(plain_sse.usage_chunk);
+  for (const json& chunk : plain_sse.chunks) EXPECT_FALSE(chunk.contains("usage")) << chunk;
 }
 
 TEST_F(ServeTest, ChatCompletionStreamingAndNot) {
@@ -199,7 +181,8 @@ TEST_F(ServeTest, ChatCompletionStreamingAndNot) {
   EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(body["usage"]["completion_tokens"], ref.tokens.size());
 
-  auto streamed = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}});
+  auto streamed = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true},
+                                                {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(streamed);
   ASSERT_EQ(streamed->status, 200) << streamed->body;
   const Sse sse = parse_sse(streamed->body, true);
@@ -209,7 +192,8 @@ TEST_F(ServeTest, ChatCompletionStreamingAndNot) {
   EXPECT_EQ(sse.chunks.front()["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(sse.text, ref.text);
   EXPECT_EQ(sse.chunks.back()["choices"][0]["finish_reason"], body["choices"][0]["finish_reason"]);
-  EXPECT_EQ(sse.chunks.back()["usage"], body["usage"]);
+  ASSERT_TRUE(sse.usage_chunk);
+  EXPECT_EQ((*sse.usage_chunk)["usage"], body["usage"]);
 }
 
 TEST_F(ServeTest, StopStringsEndTheText) {
