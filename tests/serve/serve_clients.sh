@@ -4,16 +4,26 @@
 # server on a free port, runs the checks, stops it with SIGTERM. Exit 77 when the client program is missing
 # (the calling test skips). Run by serve_clients_test.cpp over a tiny model directory; by hand:
 #   tests/serve/serve_clients.sh build/apps/microllm /path/to/model-dir curl
+# MODE openai-sdk drives it with the official OpenAI SDK for Node.js (tests/serve/openai_sdk_client.cjs, from
+# $MICROLLM_NODE_DIR, default data/node: scripts/fetch-node-tools.sh), and ends by sending SIGTERM mid-stream:
+# the SDK must raise the server's shutdown as an APIError.
 set -uo pipefail
 
-bin=${1:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python}
-model=${2:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python}
-mode=${3:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python}
+bin=${1:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python|openai-sdk}
+model=${2:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python|openai-sdk}
+mode=${3:?usage: serve_clients.sh MICROLLM MODEL_DIR curl|python|openai-sdk}
 here=$(cd "$(dirname "$0")" && pwd)
 
+node_dir=${MICROLLM_NODE_DIR:-$here/../../data/node}
 case $mode in
   curl) command -v curl >/dev/null || { echo "curl is not installed: skipped"; exit 77; } ;;
   python) command -v python3 >/dev/null || { echo "python3 is not installed: skipped"; exit 77; } ;;
+  openai-sdk)
+    command -v node >/dev/null || { echo "node is not installed: skipped"; exit 77; }
+    [ "$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ] ||
+      { echo "node $(node --version) is older than the SDK's 20: skipped"; exit 77; }
+    [ -d "$node_dir/node_modules/openai" ] ||
+      { echo "no OpenAI SDK in $node_dir (scripts/fetch-node-tools.sh): skipped"; exit 77; } ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
@@ -48,6 +58,17 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 if [ "$mode" = python ]; then
   python3 "$here/openai_client.py" "$base" || failures=$((failures + 1))
+elif [ "$mode" = openai-sdk ]; then
+  node "$here/openai_sdk_client.cjs" "$base" "$node_dir" "$out/streaming" &
+  client_pid=$!
+  for _ in $(seq 1 600); do [ -f "$out/streaming" ] || ! kill -0 "$client_pid" 2>/dev/null && break; sleep 0.05; done
+  if [ -f "$out/streaming" ]; then
+    kill -TERM "$server_pid"
+    wait "$server_pid" || fail "the server did not exit cleanly on SIGTERM"
+    server_pid=""
+    echo "ok   SIGTERM sent mid-stream"
+  fi
+  wait "$client_pid" || failures=$((failures + 1))
 else
   # check NAME EXPECTED_STATUS EXPECTED_TEXT CURL_ARGS...: the status and a fragment of the body.
   check() {
@@ -91,9 +112,11 @@ else
   grep -qF 'microllm_time_to_first_token_seconds_bucket' "$out/metrics.body" || fail "metrics: no TTFT histogram"
 fi
 
-kill -TERM "$server_pid"
-if ! wait "$server_pid"; then fail "the server did not exit cleanly on SIGTERM"; cat "$out/server.log"; fi
-server_pid=""
+if [ -n "$server_pid" ]; then
+  kill -TERM "$server_pid"
+  if ! wait "$server_pid"; then fail "the server did not exit cleanly on SIGTERM"; cat "$out/server.log"; fi
+  server_pid=""
+fi
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"

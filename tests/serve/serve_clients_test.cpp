@@ -1,7 +1,8 @@
 // `microllm serve` driven by real clients over loopback: curl and a Python client speaking the OpenAI wire
 // format (tests/serve/serve_clients.sh and openai_client.py) over a tiny random model directory. Each
 // skips, saying so, when the microllm executable ($MICROLLM_BIN, else apps/microllm beside this test's build
-// folder), curl or python3 is missing.
+// folder), curl or python3 is missing; the official OpenAI SDK for Node.js (openai_sdk_client.cjs) when node
+// or the SDK (scripts/fetch-node-tools.sh) is.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -34,6 +35,7 @@ void run_clients(const std::string& mode) {
 
 TEST(ServeClients, Curl) { run_clients("curl"); }
 TEST(ServeClients, PythonOpenAiClient) { run_clients("python"); }
+TEST(ServeClients, OfficialOpenAiSdkForNode) { run_clients("openai-sdk"); }
 
 }  // namespace
 }  // namespace microllm
