@@ -39,7 +39,7 @@ def run_microllm(args, config):
                "--precision", "bf16-mixed", "--batch-size", str(args.batch), "--seq-len", str(args.seq),
                "--steps", str(args.steps), "--warmup", "5", "--lr", "3e-4", "--eval-interval", "0",
                "--out", out, "--set", "log_interval=5", "--set", "eval_batches=1",
-               "--set", f"checkpoint_dir={out}/checkpoint"]
+               "--set", f"checkpoint_dir={out}/checkpoint", "--overwrite"]
     print("$", " ".join(command), file=sys.stderr, flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])

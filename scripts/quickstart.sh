@@ -8,7 +8,8 @@
 #      1.45 nats/byte (the issue's bar is 2.0);
 #   5. `microllm generate`: text sampled from the checkpoint (within the 256 bytes it was trained on).
 # Outputs: data/runs/quickstart/{metrics.jsonl,loss.svg,checkpoint/}. Extra arguments go to `microllm train`
-# (e.g. --steps 1000, --threads 4, --resume).
+# (e.g. --steps 1000, --threads 4, --resume). Run again, it trains afresh and replaces the checkpoint
+# (--overwrite), unless --resume or --resume-if-exists is given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="$PWD"  # relative paths in ccache keys: build presets share cached objects
@@ -23,8 +24,12 @@ bin=build/cpu-release/apps/microllm
 
 scripts/fetch-corpora.sh kjv
 $bin prepare --input data/corpora/kjv.txt --output data/tokens/kjv
+overwrite=(--overwrite)
+for arg in "$@"; do
+  case $arg in --resume | --resume-if-exists | --overwrite) overwrite=() ;; esac
+done
 $bin train --preset tiny --data data/tokens/kjv --out data/runs/quickstart \
-  --steps 600 --batch-size 8 --seq-len 256 --lr 5e-3 --warmup 30 --eval-interval 100 "$@"
+  --steps 600 --batch-size 8 --seq-len 256 --lr 5e-3 --warmup 30 --eval-interval 100 "${overwrite[@]}" "$@"
 echo
 echo "== microllm generate --checkpoint data/runs/quickstart/checkpoint --prompt 'And God said'"
 $bin generate --checkpoint data/runs/quickstart/checkpoint --prompt "And God said" --max-tokens 240 \

@@ -4,12 +4,14 @@
 //   mpirun -np 4 microllm train --preset tiny --data data/tokens/kjv --zero1   (data parallel: docs/DISTRIBUTED.md)
 // A JSON config holds any field of train::TrainConfig (include/microllm/train/trainer.h); flags override it.
 // On a terminal a progress bar shows step, loss, lr, tokens/s and the ETA; otherwise one line per log.
-// Ctrl-C saves a checkpoint after the current step and exits; --resume continues from it.
+// Ctrl-C saves a checkpoint after the current step and exits with status 130; --resume continues from it.
+// An output directory that already holds a checkpoint needs --resume (continue) or --overwrite (start afresh).
 #include <malloc.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -36,6 +38,8 @@ struct TrainCliOptions {
   int threads = 0;
   int64_t seed = -1;
   bool resume = false;
+  bool resume_if_exists = false;
+  bool overwrite = false;
   bool keep_best = false;
   std::string distributed;  // auto | off | mpi | nccl
   bool zero1 = false;
@@ -80,6 +84,8 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
   if (o.threads > 0) j["threads"] = o.threads;
   if (o.seed >= 0) j["seed"] = static_cast<uint64_t>(o.seed);
   if (o.resume) j["resume"] = true;
+  if (o.resume_if_exists) j["resume_if_exists"] = true;
+  if (o.overwrite) j["overwrite"] = true;
   if (o.keep_best) j["keep_best"] = true;
   if (!o.distributed.empty()) j["distributed"] = o.distributed;
   if (o.zero1) j["zero1"] = true;
@@ -96,7 +102,8 @@ train::TrainConfig build_config(const TrainCliOptions& o) {
   return train::TrainConfig::from_json(j.dump(), o.config_path.empty() ? "train options" : o.config_path);
 }
 
-void run_train(const TrainCliOptions& o) {
+// Trains as the options say; returns whether a Ctrl-C (SIGINT) ended the run early.
+bool run_train(const TrainCliOptions& o) {
   // Keep freed tensor memory in the heap: every step allocates the same activations again, and memory
   // handed back to the kernel (glibc's default for blocks of a few MB) faults its pages in again on every
   // step, a fifth of the time of a CPU step.
@@ -105,10 +112,7 @@ void run_train(const TrainCliOptions& o) {
   const train::TrainConfig config = build_config(o);
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
   train::Trainer trainer(config);
-  if (trainer.rank() != 0) {  // data parallel: rank 0 speaks for the job
-    trainer.run();
-    return;
-  }
+  if (trainer.rank() != 0) return trainer.run().interrupted;  // data parallel: rank 0 speaks for the job
   const nn::TransformerConfig& mc = trainer.model().config();
   std::cout << "train: " << config.model << " (" << mc.model_type << ", " << trainer.model().num_parameters() / 1e6
             << "M parameters, vocab " << mc.vocab_size << ") on " << trainer.device() << ", " << config.precision
@@ -121,8 +125,13 @@ void run_train(const TrainCliOptions& o) {
               << config.batch_size / trainer.world_size() << " of the " << config.batch_size
               << " rows of each batch per rank\n";
   }
-  if (trainer.resumed())
+  for (const std::string& warning : config.warnings()) std::cerr << "warning: train: " << warning << std::endl;
+  if (trainer.resumed() && trainer.step() >= config.steps) {
+    std::cout << "train: already complete: " << config.resolved_checkpoint_dir() << " holds step " << trainer.step()
+              << " of " << config.steps << "; nothing to train\n";
+  } else if (trainer.resumed()) {
     std::cout << "train: resumed from " << config.resolved_checkpoint_dir() << " at step " << trainer.step() << "\n";
+  }
   std::cout << "train: writing " << config.out_dir << "/metrics.jsonl, loss.svg and "
             << config.resolved_checkpoint_dir() << "/ (Ctrl-C saves a checkpoint and stops)" << std::endl;
 
@@ -199,6 +208,7 @@ void run_train(const TrainCliOptions& o) {
   }
   std::cout << "\ntrain: loss curve " << config.out_dir << "/loss.svg, checkpoint " << result.checkpoint_dir
             << std::endl;
+  return result.interrupted;
 }
 
 }  // namespace
@@ -206,6 +216,8 @@ void run_train(const TrainCliOptions& o) {
 void register_train(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from scratch (or resume) on prepared token files");
   auto o = std::make_shared<TrainCliOptions>();
+  // An option given twice takes its last value: a script can append to its own command (scripts/quickstart.sh).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--config", o->config_path, "JSON train config (fields of train::TrainConfig)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--preset", o->preset, "Model preset (tiny, model-s, model-m) or an HF config.json");
@@ -222,7 +234,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--eval-interval", o->eval_interval, "Steps between evaluations (0: at the end only)");
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
   cmd->add_option("--seed", o->seed, "Seed of the initialization and the batch sampler");
-  cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in the output directory");
+  cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in the output directory (there must be one)");
+  cmd->add_flag("--resume-if-exists", o->resume_if_exists,
+                "Continue from the checkpoint in the output directory if there is one, else start afresh");
+  cmd->add_flag("--overwrite", o->overwrite, "Start afresh and replace the checkpoint in the output directory");
   cmd->add_flag("--keep-best", o->keep_best, "Also keep the checkpoint of the lowest validation loss (CHECKPOINT-best)");
   cmd->add_option("--distributed", o->distributed,
                   "Data parallelism: auto (when launched by mpirun or torchrun), off, or a backend (mpi, nccl)")
@@ -230,13 +245,16 @@ void register_train(CLI::App& app) {
   cmd->add_flag("--zero1", o->zero1, "Data parallel: shard the optimizer state over the ranks (ZeRO-1)");
   cmd->add_option("--set", o->sets, "Any config field: --set key=value (value as JSON; bare words are strings)");
   cmd->callback([o] {
+    bool interrupted = false;
     try {
-      run_train(*o);
+      interrupted = run_train(*o);
     } catch (const std::exception& e) {
       // In a data-parallel job the other ranks would wait for this one at their next collective.
       if (distributed::detect_launch().world_size > 1) distributed::abort_job(str_cat("error: ", e.what()));
       throw;
     }
+    // Saved, but stopped early: 128 + SIGINT, the status a shell gives a command that Ctrl-C ended.
+    if (interrupted) throw CLI::RuntimeError(128 + SIGINT);
   });
 }
 

@@ -105,6 +105,8 @@ void for_each_field(C& c, F&& f) {
   f("keep_best", c.keep_best);
   f("seed", c.seed);
   f("resume", c.resume);
+  f("resume_if_exists", c.resume_if_exists);
+  f("overwrite", c.overwrite);
   f("threads", c.threads);
   f("distributed", c.distributed);
   f("zero1", c.zero1);
@@ -112,6 +114,8 @@ void for_each_field(C& c, F&& f) {
   f("time_collectives", c.time_collectives);
   f("comm_timeout_seconds", c.comm_timeout_seconds);
 }
+
+bool is_preset(const std::string& model) { return model == "tiny" || model == "model-s" || model == "model-m"; }
 
 template <typename T>
 void read_value(const json& v, T& out, const std::string& key, const std::string& origin) {
@@ -194,8 +198,24 @@ void TrainConfig::validate() const {
   MICROLLM_CHECK(bucket_mb > 0, ValueError, "train config", "bucket_mb must be > 0, got ", bucket_mb);
   MICROLLM_CHECK(comm_timeout_seconds > 0, ValueError, "train config", "comm_timeout_seconds must be > 0, got ",
                  comm_timeout_seconds);
+  MICROLLM_CHECK(!(overwrite && (resume || resume_if_exists)), ValueError, "train config",
+                 "overwrite and resume (or resume_if_exists) exclude each other: overwrite replaces the checkpoint "
+                 "that resume continues");
+  MICROLLM_CHECK(is_preset(model) || fs::exists(model), ValueError, "train config", "model '", model,
+                 "' is neither a preset (tiny, model-s, model-m) nor a path to a Hugging Face config.json (the file, "
+                 "or a directory holding it)");
   lr_schedule().validate();
   Device::parse(device);
+}
+
+std::vector<std::string> TrainConfig::warnings() const {
+  std::vector<std::string> out;
+  if (steps < warmup_steps) {
+    out.push_back(str_cat("steps ", steps, " is fewer than warmup_steps ", warmup_steps,
+                          ": the learning rate stops at ", lr_schedule().at(steps - 1), " and never reaches its peak ",
+                          lr, " (lower the warmup or train longer)"));
+  }
+  return out;
 }
 
 std::string TrainConfig::resolved_checkpoint_dir() const {
@@ -271,7 +291,7 @@ EvalMetrics eval_from_json(const json& j) {
 
 nn::TransformerConfig model_config(const TrainConfig& config, int64_t vocab_size) {
   nn::TransformerConfig c;
-  if (config.model == "tiny" || config.model == "model-s" || config.model == "model-m") {
+  if (is_preset(config.model)) {
     c = nn::TransformerConfig::preset(config.model, vocab_size);
     c.model_type = config.model_type;
     c.attention_bias = config.model_type == "qwen2";
@@ -284,6 +304,43 @@ nn::TransformerConfig model_config(const TrainConfig& config, int64_t vocab_size
   return c;
 }
 
+// " at step S of N" from a checkpoint's trainer_state.json, or "" when it cannot be read (for messages only).
+std::string checkpoint_progress(const fs::path& dir) {
+  try {
+    const json state = json::parse(io::read_text_file((dir / "trainer_state.json").string()));
+    return str_cat(" at step ", state.at("step").get<int64_t>(), " of ", state.at("config").at("steps").get<int64_t>());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+// A fresh run writes `dir`: it must be absent or empty, unless config.overwrite.
+void check_replaceable(const TrainConfig& config, const std::string& dir) {
+  if (config.overwrite) return;
+  const fs::path path(dir);
+  MICROLLM_CHECK(!fs::exists(path / "trainer_state.json"), ValueError, "train", dir, " already holds a checkpoint",
+                 checkpoint_progress(path),
+                 ": set resume to continue it or overwrite to replace it (microllm train --resume or --overwrite)");
+  std::error_code ignored;
+  MICROLLM_CHECK(!fs::is_directory(path, ignored) || fs::is_empty(path, ignored), ValueError, "train", dir,
+                 " holds files but no trainer_state.json (not a checkpoint): set overwrite to replace it (microllm "
+                 "train --overwrite) or choose another directory");
+}
+
+// Whether the run continues from the checkpoint in config.resolved_checkpoint_dir() (TrainConfig::resume);
+// ValueError when the directories and the config disagree.
+bool resumes(const TrainConfig& config) {
+  const std::string dir = config.resolved_checkpoint_dir();
+  const bool has_checkpoint = fs::exists(fs::path(dir) / "trainer_state.json");
+  if ((config.resume || config.resume_if_exists) && has_checkpoint) return true;
+  MICROLLM_CHECK(!config.resume || config.resume_if_exists, ValueError, "train", "resume: ", dir,
+                 " holds no checkpoint (no trainer_state.json) to continue; set resume_if_exists to start afresh when "
+                 "there is none (microllm train --resume-if-exists)");
+  check_replaceable(config, dir);
+  if (config.keep_best) check_replaceable(config, config.best_checkpoint_dir());
+  return false;
+}
+
 size_t peak_resident_bytes() {
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
@@ -293,6 +350,7 @@ size_t peak_resident_bytes() {
 
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   config_.validate();
+  const bool resume = resumes(config_);  // before anything is built: a refusal comes at once
   if (config_.threads > 0) set_num_threads(config_.threads);
   device_ = Device::parse(config_.device);
   // Data parallelism: one process per device, launched by mpirun or torchrun (docs/DISTRIBUTED.md).
@@ -344,9 +402,8 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   sampler_ = std::make_unique<BatchSampler>(*train_file_, config_.batch_size, config_.seq_len,
                                             config_.seed ^ 0x5851F42D4C957F2Dull);
   schedule_ = config_.lr_schedule();
-  const std::string dir = config_.resolved_checkpoint_dir();
-  if (config_.resume && fs::exists(fs::path(dir) / "trainer_state.json")) {
-    load_checkpoint(dir);
+  if (resume) {
+    load_checkpoint(config_.resolved_checkpoint_dir());
     resumed_ = true;
   }
 }
@@ -549,6 +606,7 @@ TrainResult Trainer::run_loop(const TrainCallbacks& callbacks) {
     peaks = all.to_vector<double>();
   }
   for (double p : peaks) result.peak_bytes_per_rank.push_back(static_cast<size_t>(p));
+  if (result.checkpoint_dir.empty() && resumed_) result.checkpoint_dir = dir;  // it was already at config.steps
   if (!result.last_eval && !eval_history_.empty()) result.last_eval = eval_history_.back();
   write_loss_curve();
   clear_interrupt();

@@ -1,7 +1,8 @@
 // The trainer, on every device: exact resume (N steps straight == k steps + SIGINT checkpoint + resume +
 // N - k steps, byte for byte), gradient accumulation (2 micro-batches of B == 1 batch of 2B), the
 // checkpoint's files (Hugging Face names and config, optimizer state, trainer state), the config JSON,
-// and metrics/loss-curve outputs.
+// metrics/loss-curve outputs, and what a run does with a checkpoint already there (resume, overwrite or
+// refuse).
 #include "microllm/train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -120,9 +121,11 @@ TEST_P(TrainerTest, ResumeAfterSigintIsExact) {
     EXPECT_EQ(weight_bytes(resumed.model()), weight_bytes(straight.model())) << "resumed weights differ";
     ASSERT_TRUE(rest.last_eval && full.last_eval);
     EXPECT_EQ(rest.last_eval->loss, full.last_eval->loss);
-    // A finished run resumed again does nothing.
+    // A finished run resumed again does nothing, and names the checkpoint that holds its final state.
     Trainer done(split_config);
-    EXPECT_EQ(done.run().steps, 6);
+    const TrainResult again = done.run();
+    EXPECT_EQ(again.steps, 6);
+    EXPECT_EQ(again.checkpoint_dir, dir);
   }
 }
 
@@ -321,6 +324,89 @@ TEST_P(TrainerFilesTest, ABpeTokenizerFromPrepareLandsInTheCheckpoint) {
   ASSERT_TRUE(r.last_eval);
   EXPECT_GT(r.last_eval->nats_per_byte, 0);
   EXPECT_LT(r.last_eval->nats_per_byte, r.last_eval->loss);  // more than one byte per token
+}
+
+TEST_P(TrainerFilesTest, RefusesToReplaceACheckpointUnlessResumeOrOverwrite) {
+  TrainConfig c = config("refuse");
+  c.seed = testing::fresh_seed();
+  c.steps = 1;
+  c.eval_batches = 1;
+  Trainer(c).run();
+  const std::string dir = c.resolved_checkpoint_dir();
+  // Neither resume nor overwrite: refused, naming the directory, its step and both ways out.
+  const std::string refused = testing::thrown_message<ValueError>([&] { Trainer{c}; });
+  for (const std::string& part : {dir, std::string("already holds a checkpoint at step 1 of 1"),
+                                  std::string("--resume"), std::string("--overwrite")}) {
+    EXPECT_NE(refused.find(part), std::string::npos) << refused;
+  }
+  // overwrite: a fresh model that replaces it.
+  TrainConfig overwrite = c;
+  overwrite.overwrite = true;
+  overwrite.steps = 2;
+  Trainer fresh(overwrite);
+  EXPECT_FALSE(fresh.resumed());
+  EXPECT_EQ(fresh.step(), 0);
+  fresh.run();
+  const nlohmann::json state = nlohmann::json::parse(io::read_text_file(dir + "/trainer_state.json"));
+  EXPECT_EQ(state["step"], 2);
+  // resume_if_exists alone resumes it.
+  TrainConfig if_exists = c;
+  if_exists.resume_if_exists = true;
+  if_exists.steps = 2;
+  EXPECT_TRUE(Trainer(if_exists).resumed());
+  // overwrite with resume contradicts itself.
+  overwrite.resume = true;
+  EXPECT_NE(testing::thrown_message<ValueError>([&] { overwrite.validate(); }).find("overwrite"), std::string::npos);
+  // keep_best: an earlier run's best checkpoint is protected the same way.
+  TrainConfig best = config("best_refuse");
+  best.keep_best = true;
+  write_directory_atomically(best.best_checkpoint_dir(), [](const std::string& tmp) {
+    io::write_text_atomically(tmp + "/trainer_state.json", R"({"step": 1, "config": {"steps": 1}})");
+  });
+  EXPECT_NE(testing::thrown_message<ValueError>([&] { Trainer{best}; }).find(best.best_checkpoint_dir()),
+            std::string::npos);
+  // A directory of other files is not replaced either.
+  TrainConfig other = config("other");
+  write_directory_atomically(other.resolved_checkpoint_dir(),
+                             [](const std::string& tmp) { io::write_text_atomically(tmp + "/notes.txt", "mine"); });
+  EXPECT_NE(testing::thrown_message<ValueError>([&] { Trainer{other}; }).find("not a checkpoint"), std::string::npos);
+  other.overwrite = true;
+  EXPECT_NO_THROW(Trainer{other});
+}
+
+TEST_P(TrainerFilesTest, ResumeWithoutACheckpointIsRefusedUnlessResumeIfExists) {
+  TrainConfig c = config("nothing_to_resume");
+  c.seed = testing::fresh_seed();
+  c.resume = true;
+  const std::string refused = testing::thrown_message<ValueError>([&] { Trainer{c}; });
+  EXPECT_NE(refused.find(c.resolved_checkpoint_dir()), std::string::npos) << refused;
+  EXPECT_NE(refused.find("no checkpoint"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("--resume-if-exists"), std::string::npos) << refused;
+  c.resume_if_exists = true;
+  Trainer fresh(c);
+  EXPECT_FALSE(fresh.resumed());
+  EXPECT_EQ(fresh.step(), 0);
+}
+
+TEST_P(TrainerFilesTest, WarnsWhenTheStepsEndBeforeTheWarmup) {
+  TrainConfig c = config("warmup");
+  c.steps = 1 + static_cast<int64_t>(testing::fresh_seed() % 20);
+  c.warmup_steps = c.steps;
+  EXPECT_TRUE(c.warnings().empty()) << "the last step reaches the peak";
+  c.warmup_steps = c.steps + 1;
+  const std::vector<std::string> warnings = c.warnings();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("steps " + std::to_string(c.steps) + " "), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("warmup_steps " + std::to_string(c.warmup_steps)), std::string::npos) << warnings[0];
+}
+
+TEST_P(TrainerFilesTest, AnUnknownModelNamesThePresets) {
+  TrainConfig c = config("huge");
+  c.model = "huge";
+  const std::string message = testing::thrown_message<ValueError>([&] { c.validate(); });
+  EXPECT_NE(message.find("'huge'"), std::string::npos) << message;
+  EXPECT_NE(message.find("tiny, model-s, model-m"), std::string::npos) << message;
+  EXPECT_NE(message.find("config.json"), std::string::npos) << message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Host, TrainerFilesTest, ::testing::Values(Device::cpu()), testing::device_test_name);

@@ -30,14 +30,14 @@ mkdir -p data && tar xJf .device/corpora.tar.xz -C data
 "$bin" prepare --input data/corpora/kjv.txt --output /tmp/kjv > "$RES/logs/prepare.log" 2>&1
 
 port=29500
-# launch NAME SECONDS ARGS...: N ranks of `microllm train ARGS`, logs in $RES/logs/NAME.rank*.log
+# launch NAME SECONDS ARGS...: N ranks of `microllm train --overwrite ARGS`, logs in $RES/logs/NAME.rank*.log
 launch() {
   local name=$1 limit=$2; shift 2
   port=$((port + 2))
   local pids=()
   for ((r = 0; r < N; ++r)); do
     RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout "$limit" "$bin" train --distributed nccl --device cuda "$@" > "$RES/logs/$name.rank$r.log" 2>&1 &
+      timeout "$limit" "$bin" train --distributed nccl --device cuda --overwrite "$@" > "$RES/logs/$name.rank$r.log" 2>&1 &
     pids+=($!)
   done
   local status=0
@@ -46,7 +46,7 @@ launch() {
 }
 single() {
   local name=$1 limit=$2; shift 2
-  timeout "$limit" "$bin" train --device cuda:0 "$@" > "$RES/logs/$name.log" 2>&1
+  timeout "$limit" "$bin" train --device cuda:0 --overwrite "$@" > "$RES/logs/$name.log" 2>&1
   echo "== $name (1 GPU): exit $?"; tail -2 "$RES/logs/$name.log"
 }
 
@@ -145,7 +145,7 @@ for ((r = 0; r < N; ++r)); do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=$N MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 150 "$bin" train \
     --distributed nccl --device cuda --preset model-s --data /tmp/kjv --batch-size $((8 * N)) --seq-len 256 \
     --steps 100000 --eval-interval 0 --set log_interval=1 --set comm_timeout_seconds=30 --out "$RES/fail" \
-    --set checkpoint_dir=/tmp/fail > "$RES/logs/fail.rank$r.log" 2>&1 &
+    --set checkpoint_dir=/tmp/fail --overwrite > "$RES/logs/fail.rank$r.log" 2>&1 &
   pids+=($!)  # timeout's pid: the rank is its child
 done
 for ((i = 0; i < 120; ++i)); do  # up to 60 s for the first logged step

@@ -253,7 +253,7 @@ step_train_corpora() {
     timeout $((${TRAIN_SECONDS:-270} + 120)) "$bin/microllm" train --preset model-s --data "/tmp/$corpus" --device cuda \
       --precision bf16-mixed --batch-size 64 --seq-len 512 --steps 20000 --lr 2e-3 --warmup 200 --eval-interval 250 \
       --set max_seconds="${TRAIN_SECONDS:-270}" --set eval_batches=32 --set log_interval=50 \
-      --out "$RES/model_s_$corpus" --set checkpoint_dir="/tmp/ckpt_$corpus" > "$RES/logs/train_$corpus.log" 2>&1 &
+      --out "$RES/model_s_$corpus" --set checkpoint_dir="/tmp/ckpt_$corpus" --overwrite > "$RES/logs/train_$corpus.log" 2>&1 &
   done
   wait
   for corpus in "$@"; do

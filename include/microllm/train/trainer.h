@@ -70,8 +70,13 @@ struct TrainConfig {
   // each evaluation that improves on it): a run that overfits still leaves its best model.
   bool keep_best = false;
   uint64_t seed = 1337;  // model initialization and the batch sampler
-  bool resume = false;   // continue from checkpoint_dir when it holds a checkpoint
-  int threads = 0;       // CPU threads (0: OMP_NUM_THREADS or all cores)
+  // A checkpoint already in checkpoint_dir: `resume` continues from it, `overwrite` trains afresh and replaces
+  // it, and with neither the Trainer refuses to start. `resume` with no checkpoint there is refused too, unless
+  // `resume_if_exists` (alone it means: resume when there is a checkpoint, else start afresh).
+  bool resume = false;
+  bool resume_if_exists = false;
+  bool overwrite = false;
+  int threads = 0;  // CPU threads (0: OMP_NUM_THREADS or all cores)
   // data parallel: auto (a job launched by mpirun / torchrun: MPI on the CPU, NCCL on GPUs), off, or a backend
   // forced even for one process (mpi, nccl); batch_size is the global batch, split over the ranks
   std::string distributed = "auto";
@@ -89,6 +94,9 @@ struct TrainConfig {
   static TrainConfig from_json(const std::string& json_text, const std::string& origin = "config");
   std::string to_json() const;
   void validate() const;  // ValueError naming the field
+  // Settings that are valid but probably not meant, one sentence each (`microllm train` prints them to
+  // stderr): steps fewer than warmup_steps, so that the learning rate never reaches its peak.
+  std::vector<std::string> warnings() const;
   std::string resolved_checkpoint_dir() const;
   std::string best_checkpoint_dir() const;  // resolved_checkpoint_dir() + "-best"
   LrSchedule lr_schedule() const;
@@ -127,6 +135,8 @@ struct TrainResult {
   int64_t steps = 0;  // optimizer steps done in total
   bool interrupted = false;
   std::optional<EvalMetrics> last_eval;
+  // The checkpoint that holds the final state: the last one saved, or the one resumed from when it was
+  // already at config.steps (nothing left to train).
   std::string checkpoint_dir;
   double seconds = 0;
   size_t peak_device_bytes = 0;  // the caching allocator's peak on a CUDA device (0 on the CPU)
@@ -137,8 +147,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Builds the model, optimizer, sampler and validation windows; with config.resume and a checkpoint in
-  // checkpoint_dir, restores all of them from it.
+  // Builds the model, optimizer, sampler and validation windows; with config.resume (or resume_if_exists) and
+  // a checkpoint in checkpoint_dir, restores all of them from it. ValueError naming the directory when it
+  // holds a checkpoint and neither resume nor overwrite is set, or when resume finds no checkpoint there
+  // (without resume_if_exists).
   explicit Trainer(TrainConfig config);
   ~Trainer();
 
