@@ -254,6 +254,7 @@ PrepareResult prepare_token_files(const PrepareOptions& options) {
   std::string text;
   for (const std::string& input : options.inputs) {
     std::string part = io::read_text_file(input);
+    MICROLLM_CHECK(!part.empty(), ValueError, "prepare", input, " is empty: there is no text to tokenize");
     if (!text.empty() && text.back() != '\n') text.push_back('\n');
     text += part;
   }
@@ -286,6 +287,13 @@ PrepareResult prepare_token_files(const PrepareOptions& options) {
     auto end = ids.begin() + std::min(total, (b + 1) * options.block_tokens);
     (val ? val_ids : train_ids).insert((val ? val_ids : train_ids).end(), begin, end);
   }
+  MICROLLM_CHECK(!train_ids.empty(), ValueError, "prepare", "no tokens are left for training: val_fraction ", f,
+                 " sends all ", blocks, " block(s) of the ", total, " tokens (block_tokens ", options.block_tokens,
+                 ") to validation; lower --val-fraction or --block-tokens");
+  MICROLLM_CHECK(!val_ids.empty() || f == 0, ValueError, "prepare", "no tokens are left for validation: the ", total,
+                 " tokens fit in one block of block_tokens ", options.block_tokens, "; pass --block-tokens ",
+                 std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(total) * f)), " (so that val_fraction ",
+                 f, " makes a block), or --val-fraction 0 for no validation");
   std::string prefix = options.output;
   if (prefix.size() > 4 && prefix.ends_with(".bin")) prefix.resize(prefix.size() - 4);
   MICROLLM_CHECK(!prefix.empty(), ValueError, "prepare", "empty output path");

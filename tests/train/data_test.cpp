@@ -10,6 +10,7 @@
 #include "../tokenizer/tokenizer_test_util.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/tokenizer/tokenizer.h"
+#include "test_support.h"
 
 namespace microllm::train {
 namespace {
@@ -162,6 +163,35 @@ TEST(Prepare, WritesTrainAndValSplitsOfASmallText) {
   EXPECT_NE((text + "no newline at the end").find(joined.substr(0, 512)), std::string::npos);
   options.val_fraction = 1.5;
   EXPECT_THROW(prepare_token_files(options), ValueError);
+}
+
+TEST(Prepare, RefusesAnEmptyInputAndSplitsWithAnEmptyPart) {
+  TempDir dir;
+  io::write_text_atomically(dir / "empty.txt", "");
+  std::string text;
+  for (uint64_t i = 0, seed = testing::fresh_seed(); i < 100; ++i) text += std::to_string(seed * (i + 1)) + " words\n";
+  io::write_text_atomically(dir / "text.txt", text);
+  PrepareOptions options;
+  options.inputs = {dir / "text.txt", dir / "empty.txt"};
+  options.output = dir / "out";
+  const std::string empty = testing::thrown_message<ValueError>([&] { prepare_token_files(options); });
+  EXPECT_NE(empty.find(dir / "empty.txt"), std::string::npos) << empty;
+  EXPECT_NE(empty.find("is empty"), std::string::npos) << empty;
+  EXPECT_FALSE(fs::exists(dir / "out.train.bin"));
+  // The whole text in one block (block_tokens 8192): no validation part although val_fraction is 0.05.
+  options.inputs = {dir / "text.txt"};
+  const std::string no_val = testing::thrown_message<ValueError>([&] { prepare_token_files(options); });
+  EXPECT_NE(no_val.find("no tokens are left for validation"), std::string::npos) << no_val;
+  EXPECT_NE(no_val.find("--block-tokens"), std::string::npos) << no_val;
+  // One block sent to validation: no training part.
+  options.val_fraction = 0.9;
+  const std::string no_train = testing::thrown_message<ValueError>([&] { prepare_token_files(options); });
+  EXPECT_NE(no_train.find("no tokens are left for training"), std::string::npos) << no_train;
+  // No validation asked for: an empty val file is what was meant.
+  options.val_fraction = 0;
+  const PrepareResult r = prepare_token_files(options);
+  EXPECT_EQ(r.train_tokens, static_cast<int64_t>(text.size()));
+  EXPECT_EQ(r.val_tokens, 0);
 }
 
 TEST(Prepare, UsesAHuggingFaceTokenizerWhenGiven) {

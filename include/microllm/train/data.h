@@ -107,6 +107,8 @@ std::vector<Batch> validation_batches(const TokenFile& file, int64_t batch, int6
 // Face tokenizer, which training copies into its checkpoints). The stream is cut into blocks of block_tokens; a
 // val_fraction of the blocks, spread evenly, goes to validation. A file that does not end in a newline is
 // joined to the next with one. Each split's text_bytes is exact for bytes, proportional for BPE.
+// ValueError for an empty input file (naming it), and for a split that leaves no training tokens, or no
+// validation tokens although val_fraction > 0 (a text of one block: a smaller block_tokens splits it).
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string output;          // prefix; a trailing ".bin" is dropped
