@@ -3,7 +3,8 @@
 //   microllm chat --model models/Qwen3-0.6B --system "Be brief." --no-think
 //   printf 'Hi!\nAnd then?\n' | microllm chat --model models/Qwen2.5-0.5B-Instruct --temperature 0
 // Commands: /exit (or end of input) ends, /reset forgets the conversation. On a terminal a "> " prompt
-// is shown; with piped input only the replies are printed, one per turn.
+// is shown; with piped input only the replies are printed, one per turn. A line that is not UTF-8 is
+// reported on stderr and skipped.
 #include <unistd.h>
 
 #include <iostream>
@@ -71,9 +72,16 @@ void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
   if (!o.system.empty()) history.push_back({"system", o.system});
   const size_t first_turn = history.size();  // the system message is never dropped
   std::string line;
+  uint64_t line_number = 0;
   for (uint64_t turn = 0;; ++turn) {
     if (interactive) std::cout << "> " << std::flush;
     if (!std::getline(std::cin, line)) break;
+    ++line_number;
+    if (const size_t bad = first_invalid_utf8(line); bad != line.size()) {
+      std::cerr << "[chat] line " << line_number << " is not UTF-8 (byte " << bad + 1 << " of it, 0x" << std::hex
+                << static_cast<int>(static_cast<unsigned char>(line[bad])) << std::dec << "): skipped\n";
+      continue;
+    }
     const std::string text = trim(line);
     if (text.empty()) continue;
     if (text == "/exit" || text == "/quit") break;

@@ -172,7 +172,10 @@ void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
     else if (hf && hf->bos_id())
       prompt.push_back(*hf->bos_id());
   }
-  MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty and the model has no bos token");
+  // Models trained on raw text, such as a byte-level checkpoint of `microllm train`, have no bos token.
+  MICROLLM_CHECK(!prompt.empty(), ValueError, "generate", "the prompt is empty and ", o.model,
+                 " has no bos token to start from (bos_token_id in config.json, bos_token in tokenizer_config.json): "
+                 "give --prompt TEXT");
   generate::GenerateOptions options = o.options;
   options.compute_dtype = parse_dtype(o.dtype);
   prepare_generate_options(o.model, cmd, model->config(), hf ? &*hf : nullptr, o.chat, options);
@@ -203,7 +206,9 @@ void register_generate(CLI::App& app) {
                   "Model directory: Hugging Face (config.json, safetensors, tokenizer.json) or a checkpoint")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("-p,--prompt", o->prompt, "Text to continue (none: start from the bos token)");
+  cmd->add_option("-p,--prompt", o->prompt,
+                  "Text to continue (none: start from the model's bos token; a model without one, such as a byte-level "
+                  "checkpoint of `microllm train`, needs a prompt)");
   cmd->add_flag("--chat", o->chat,
                 "Wrap the prompt in the model's chat template as a user turn, with the reply header");
   cmd->add_option("--system", o->system, "With --chat: a system message");

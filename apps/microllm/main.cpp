@@ -2,13 +2,16 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "microllm/core/error.h"
+#include "microllm/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"microLLM: study, train, profile and run small language models"};
   app.require_subcommand(1);
+  app.set_version_flag("-V,--version", "microllm " MICROLLM_VERSION_STRING, "Print the version and exit");
   microllm::app::register_info(app);
   microllm::app::register_demo(app);
   microllm::app::register_tokenize(app);
@@ -20,10 +23,25 @@ int main(int argc, char** argv) {
   microllm::app::register_logits(app);
   microllm::app::register_serve(app);
   microllm::app::register_bench(app);
+  // A first word that names no command: say which commands there are.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::vector<CLI::App*> commands = app.get_subcommands([](CLI::App*) { return true; });
+    std::string names;
+    bool known = false;
+    for (const CLI::App* command : commands) {
+      known = known || command->check_name(argv[1]);
+      names += (names.empty() ? "" : ", ") + command->get_name();
+    }
+    if (!known) {
+      std::cerr << "error: unknown command '" << argv[1] << "'; the commands are " << names
+                << " (microllm --help says what each does)\n";
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   try {
     app.parse(argc, argv);  // the chosen subcommand's callback runs here
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e);  // usage errors, --help, --version, and a subcommand's CLI::RuntimeError(status)
   } catch (const microllm::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -80,6 +80,8 @@ Tokenizer Tokenizer::from_bpe_files(const std::string& vocab_path, const std::st
   return Tokenizer(tokenizer_detail::load_bpe_files(vocab_path, merges_path));
 }
 
+size_t first_invalid_utf8(std::string_view text) { return tokenizer_detail::utf8_first_invalid(text); }
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   return impl_->encode(text, add_special_tokens);
 }

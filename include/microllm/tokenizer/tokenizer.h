@@ -10,6 +10,7 @@
 // any number of threads at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -27,6 +28,10 @@ struct TokenizerImpl;
 }
 
 class StreamDecoder;
+
+// Offset of the first byte of `text` that is not part of well-formed UTF-8; text.size() when all of it is.
+// Tokenizer::encode refuses text that is not UTF-8.
+size_t first_invalid_utf8(std::string_view text);
 
 class Tokenizer {
  public:
