@@ -1,7 +1,7 @@
 // benchmarks/serve_load.py against a real `microllm serve` on a tiny random model over loopback: 4 streaming
-// clients for 3 seconds (completions, then chat), started and stopped by the script's --spawn. Passes when
-// the script exits 0 (no request failed: status 200, well-formed events, [DONE]) and at least one request
-// completed. A program of its own (not in serve_tests' glob) so that tests/CMakeLists.txt gives it a
+// clients for 3 seconds (completions, chat, and two clients leaving their requests half-way), started and
+// stopped by the script's --spawn. Passes when the script exits 0 (no request failed: status 200, well-formed
+// events, [DONE]; nothing running and no KV block held after the run) and at least one request completed. A program of its own (not in serve_tests' glob) so that tests/CMakeLists.txt gives it a
 // timeout. Skips, saying so, when the microllm executable ($MICROLLM_BIN, else apps/microllm beside this
 // test's build folder) or python3 is missing.
 #include <gtest/gtest.h>
@@ -45,17 +45,29 @@ void run_load(const std::string& extra_flags) {
   EXPECT_GE(summary["requests_completed"].get<int64_t>(), 1) << summary.dump(2);
   EXPECT_EQ(summary["errors"].get<int64_t>(), 0) << summary.dump(2);
   EXPECT_GT(summary["completion_tokens"].get<int64_t>(), 0) << summary.dump(2);
-  EXPECT_EQ(summary["usage_missing"].get<int64_t>(), 0) << "microllm serve sends usage in the last chunk";
-  // The server's own time to first token, from /metrics: one observation per request it answered.
+  EXPECT_EQ(summary["usage_missing"].get<int64_t>(), 0) << "microllm serve sends the usage chunk asked for";
+  // After the run: nothing running, every KV block free.
+  ASSERT_TRUE(summary["after_run"].is_object()) << summary.dump(2);
+  EXPECT_EQ(summary["after_run"]["requests_running"], 0) << summary.dump(2);
+  EXPECT_EQ(summary["after_run"]["kv_blocks_used"], 0) << summary.dump(2);
+  // The server's own time to first token, from /metrics: one observation per request it answered (requests
+  // left half-way before their first token have none).
   const nlohmann::json& server_ttft = summary["server_ttft_bucket_s"];
   ASSERT_TRUE(server_ttft.is_object()) << summary.dump(2);
-  EXPECT_EQ(server_ttft["count"].get<int64_t>(), summary["requests_completed"].get<int64_t>()) << summary.dump(2);
+  if (summary["abandoned_requests"].get<int64_t>() == 0) {
+    EXPECT_EQ(server_ttft["count"].get<int64_t>(), summary["requests_completed"].get<int64_t>()) << summary.dump(2);
+  } else {
+    EXPECT_GE(server_ttft["count"].get<int64_t>(), summary["requests_completed"].get<int64_t>()) << summary.dump(2);
+  }
   EXPECT_LE(server_ttft["p50"].get<double>(), server_ttft["max"].get<double>()) << summary.dump(2);
   EXPECT_GT(summary["ttft_first_request_s"]["max"].get<double>(), 0) << summary.dump(2);
 }
 
 TEST(ServeLoad, CompletionsFourClientsThreeSeconds) { run_load(""); }
 TEST(ServeLoad, ChatFourClientsThreeSeconds) { run_load("--chat"); }
+// Two of the four clients leave every request half-way, streaming and not in turn: the run must end with no
+// request running and every KV block free (the script counts it an error otherwise).
+TEST(ServeLoad, HalfTheClientsLeaveHalfWay) { run_load("--disconnect-fraction 0.5 --leave-max-tokens 400"); }
 
 }  // namespace
 }  // namespace microllm

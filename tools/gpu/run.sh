@@ -53,7 +53,8 @@
 #   infer-serve      microllm serve --device cuda on a random-weight Qwen2.5-0.5B directory
 #                    (tools/gpu/random_model_dir.py, Qwen3's tokenizer from .device/tokenizers.tar.xz) under
 #                    benchmarks/serve_load.py: SERVE_CLIENTS (64) streaming clients for SERVE_SECONDS (60),
-#                    --max-batch SERVE_MAX_BATCH (64)
+#                    --max-batch SERVE_MAX_BATCH (64); then SERVE_DISCONNECT_SECONDS (30) with a third of the clients
+#                    leaving their requests half-way (--disconnect-fraction): every KV block must be free after it
 # Results land in $OUT/results.tgz, rewritten after every step (the device tool returns few files, and a
 # call cut short by its time limit still returns what finished).
 set -uo pipefail
@@ -445,6 +446,13 @@ step_infer_serve() {
   echo "== serve load (microllm serve, cuda): exit $?"
   cat "$RES/serve_load.md" 2>/dev/null || tail -30 "$RES/logs/serve_load.log"
   tail -5 "$RES/logs/serve.log"
+  # A third of the clients leave their requests half-way (streaming and not): every KV block must come back.
+  timeout $((${SERVE_DISCONNECT_SECONDS:-30} + 240)) python3 benchmarks/serve_load.py --spawn "$server" \
+    --server-log "$RES/logs/serve_disconnect.log" --startup-timeout 120 --clients "$clients" \
+    --duration "${SERVE_DISCONNECT_SECONDS:-30}" --max-tokens 64 --disconnect-fraction 0.34 \
+    --out "$RES/serve_disconnect.md" --json "$RES/serve_disconnect.json" > "$RES/logs/serve_disconnect_load.log" 2>&1
+  echo "== serve load, a third of the clients leaving half-way: exit $?"
+  cat "$RES/serve_disconnect.md" 2>/dev/null || tail -30 "$RES/logs/serve_disconnect_load.log"
 }
 
 corpora=()
