@@ -1,15 +1,14 @@
 #include "microllm/generate/engine.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <tuple>
 
+#include "generate/scheduler.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
 #include "microllm/nn/paged_kv_cache.h"
@@ -19,25 +18,11 @@
 namespace microllm::generate {
 namespace {
 
-// Decode graphs are captured for these row counts (the smallest that covers the highest busy row) and for
-// power-of-two context bounds from kMinContextBucket up to the window: the split-K grid of the paged
-// attention is sized from the bound, so short contexts do not pay for launching the window's worth of splits.
-constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-constexpr int64_t kMinContextBucket = 256;
-// Prompts that fit one prefill chunk are prefilled whole, several in one forward where they fit together: each
-// row is padded to a power of two of at least this many tokens (at most the chunk) and the rows to a power of
-// two, and the forward is replayed from the graph of that (rows, length).
-constexpr int64_t kMinPromptBucket = 16;
 // Graphs of full chunks kept at most (one per chunk start: 64 cover a 32K window in chunks of 512); later starts
 // run eagerly, so a tiny chunk size cannot make a long prompt capture a graph per token.
 constexpr size_t kMaxChunkGraphs = 64;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The smallest power of two >= max(n, least): the engine's bucket sizes (graph shapes).
-int64_t pow2_bucket(int64_t n, int64_t least = 1) {
-  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max(n, least))));
-}
 
 // Rows of a decode step's inputs (i32 [kStepRows, max_batch]). The step's last kernel moves them on by one
 // token (paged_decode_advance), so they are uploaded (in one copy) only when the next step wants something
@@ -46,19 +31,15 @@ int64_t pow2_bucket(int64_t n, int64_t least = 1) {
 // own.
 enum StepRow : int64_t { kRopePositions, kAttentionPositions, kSlots, kStepRows };
 
-struct Sequence {
-  uint64_t id = 0;
+// A request in the engine: the scheduler's state (row, blocks, progress) and what the device work needs.
+struct Sequence : SequenceState {
   EngineRequest request;
-  int64_t row = -1;             // batch row: block table row, sampler row, decode row
-  std::vector<int32_t> blocks;  // reserved at admission for prompt + max_new_tokens
-  int64_t cached = 0;           // tokens whose k/v are in the cache, or will be once the steps enqueued run
-  int32_t next_token = -1;      // the prompt's last token once it decodes; -1 while it is prefilled
-  bool first_step = false;      // the next decode step is its first and feeds next_token from the host (a
-                                // one-token prompt; a longer one's prefill samples its first token on the device)
-  int64_t steps_in_flight = 0;  // steps enqueued that sample for it (its prefill's last chunk, decode steps)
-                                // whose tokens have not been read
+  bool first_step = false;  // the next decode step is its first and feeds the prompt's token from the host (a
+                            // one-token prompt; a longer one's prefill samples its first token on the device)
   Generation result;
 };
+
+Sequence& sequence(SequenceState* s) { return *static_cast<Sequence*>(s); }
 
 // A decode step enqueued and not yet read back: the rows it fed, and which host buffers it used. The last
 // chunk of a prefill is one too: it samples its sequence's first token (buffer kPrefillBuffer).
@@ -134,24 +115,15 @@ struct Engine::Impl {
   Tensor prefill_inputs;  // i32 [3, prefill_chunk]: a full chunk's ids, slots, rotary positions
   Tensor prefill_table;   // i32 [1, max_blocks_per_sequence]
 
-  // Shared with other threads under `mutex`: submit and cancel write, stats and idle read. The engine thread
-  // reads `running` and `free_blocks` without the lock (it is their only writer) and writes them under it.
+  // Which requests run, where and how far (host only; thread-safe for submit, cancel and its counts).
+  std::unique_ptr<Scheduler> scheduler;
+  // The engine's own counters, shared with stats() under `mutex`.
   mutable std::mutex mutex;
-  std::deque<std::unique_ptr<Sequence>> waiting;
-  std::set<uint64_t> cancelled;
-  uint64_t next_id = 1;
   EngineStats counters;
-  std::vector<int32_t> free_blocks;
-  std::deque<std::unique_ptr<Sequence>> running;  // admission order; the front prefills first
-
-  // Engine thread only.
-  std::vector<Sequence*> rows;  // max_batch entries, null = free
 
   Impl(const nn::TransformerLM& m, EngineOptions o) : model(m), config(m.config()), options(o) {
     MICROLLM_CHECK(options.max_batch >= 1, ValueError, "engine", "max_batch must be >= 1, got ", options.max_batch);
     MICROLLM_CHECK(options.block_size >= 1, ValueError, "engine", "block_size must be >= 1, got ", options.block_size);
-    MICROLLM_CHECK(options.prefill_chunk >= 1, ValueError, "engine", "prefill_chunk must be >= 1, got ",
-                   options.prefill_chunk);
     MICROLLM_CHECK(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1, ValueError, "engine",
                    "kv_memory_fraction must be in (0, 1], got ", options.kv_memory_fraction);
     device = model.named_parameters().front().variable->device();
@@ -200,9 +172,8 @@ struct Engine::Impl {
       prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
       prefill_table = Tensor::zeros({1, max_blocks_per_sequence}, DType::i32, device);
     }
-    free_blocks.resize(static_cast<size_t>(blocks));
-    for (int64_t i = 0; i < blocks; ++i) free_blocks[static_cast<size_t>(i)] = static_cast<int32_t>(blocks - 1 - i);
-    rows.assign(static_cast<size_t>(b), nullptr);
+    scheduler = std::make_unique<Scheduler>(SchedulerLimits{options.max_batch, options.block_size, blocks,
+                                                            config.max_position_embeddings, options.prefill_chunk});
     counters.kv_blocks_total = blocks;
     counters.block_size = options.block_size;
     if (device.is_cuda()) {
@@ -243,53 +214,24 @@ struct Engine::Impl {
     return std::optional<cuda::StreamGuard>(std::in_place, *stream);
   }
 
-  int64_t tokens_to_reserve(const EngineRequest& r) const {
-    return std::min(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens, config.max_position_embeddings);
-  }
-
+  // What the scheduler cannot know: the prompt's ids and the sampling parameters.
   void check_request(const EngineRequest& r) const {
-    MICROLLM_CHECK(!r.prompt.empty(), ValueError, "engine", "the prompt is empty");
-    MICROLLM_CHECK(r.max_new_tokens >= 1, ValueError, "engine", "max_new_tokens must be >= 1, got ", r.max_new_tokens);
     for (int32_t id : r.prompt) {
       MICROLLM_CHECK(id >= 0 && id < config.vocab_size, ValueError, "engine", "prompt id ", id,
                      " is outside the vocabulary of ", config.vocab_size);
     }
-    const auto prompt = static_cast<int64_t>(r.prompt.size());
-    MICROLLM_CHECK(prompt < config.max_position_embeddings, ValueError, "engine", "the prompt has ", prompt,
-                   " tokens; the model's window is ", config.max_position_embeddings);
-    const int64_t blocks = ceil_div(tokens_to_reserve(r), options.block_size);
-    MICROLLM_CHECK(blocks <= cache->num_blocks(), ValueError, "engine", "the prompt (", prompt, " tokens) and ",
-                   r.max_new_tokens, " new tokens need ", blocks, " KV blocks of ", options.block_size,
-                   " tokens; the cache has ", cache->num_blocks(), " in all");
     r.sampling.check();
   }
 
   // ---- admission and finishing (engine thread) ----
 
   void admit() {
-    for (;;) {
-      std::unique_ptr<Sequence> seq;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (waiting.empty()) return;
-        const auto free_row = std::find(rows.begin(), rows.end(), nullptr);
-        const int64_t need = ceil_div(tokens_to_reserve(waiting.front()->request), options.block_size);
-        if (free_row == rows.end() || need > static_cast<int64_t>(free_blocks.size())) return;
-        seq = std::move(waiting.front());
-        waiting.pop_front();
-        seq->row = free_row - rows.begin();
-        for (int64_t i = 0; i < need; ++i) {
-          seq->blocks.push_back(free_blocks.back());
-          free_blocks.pop_back();
-        }
-        counters.kv_blocks_used += need;
-      }
-      rows[static_cast<size_t>(seq->row)] = seq.get();
-      upload_row_state(*seq);
-      if (seq->request.prompt.size() == 1) start_decoding(*seq);
+    for (SequenceState* admitted : scheduler->admit()) {
+      Sequence& seq = sequence(admitted);
+      upload_row_state(seq);
+      if (seq.decoding) start_decoding(seq);  // a one-token prompt: nothing to prefill
       std::lock_guard<std::mutex> lock(mutex);
-      counters.prompt_tokens += seq->request.prompt.size();
-      running.push_back(std::move(seq));
+      counters.prompt_tokens += seq.request.prompt.size();
     }
   }
 
@@ -321,26 +263,15 @@ struct Engine::Impl {
       sampler.counts.narrow(0, seq.row, 1).copy_(Tensor::zeros({1, config.vocab_size}, DType::i32, device));
     }
     if (fresh.bias.defined()) upload(sampler.bias.narrow(0, seq.row, 1), fresh.bias.data<float>(), config.vocab_size);
-    seq.next_token = seq.request.prompt.back();
     seq.first_step = seq.request.prompt.size() == 1;
   }
 
   // Ends a sequence: its row and blocks go back, then its callback runs.
   void finish(Sequence* seq, FinishReason reason) {
     seq->result.finish_reason = reason;
-    rows[static_cast<size_t>(seq->row)] = nullptr;
-    if (seq->next_token >= 0) sampler.params.select(0, seq->row).copy_(greedy_params);  // see start_decoding
-    std::unique_ptr<Sequence> owned;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      const auto it = std::find_if(running.begin(), running.end(), [&](const auto& s) { return s.get() == seq; });
-      owned = std::move(*it);
-      running.erase(it);
-      free_blocks.insert(free_blocks.end(), owned->blocks.rbegin(), owned->blocks.rend());
-      counters.kv_blocks_used -= static_cast<int64_t>(owned->blocks.size());
-      cancelled.erase(owned->id);
-    }
-    if (owned->request.on_finish) owned->request.on_finish(owned->result);
+    if (seq->decoding) sampler.params.select(0, seq->row).copy_(greedy_params);  // see start_decoding
+    std::unique_ptr<SequenceState> owned = scheduler->finish(seq);
+    if (seq->request.on_finish) seq->request.on_finish(seq->result);
   }
 
   // Records a sampled token; returns false when the sequence ended.
@@ -350,127 +281,43 @@ struct Engine::Impl {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.generated_tokens;
     }
-    const auto generated = static_cast<int64_t>(seq->result.tokens.size());
-    const EngineRequest& r = seq->request;
-    std::optional<FinishReason> reason;
-    if (r.on_token && !r.on_token(token)) {
-      reason = FinishReason::callback;
-    } else if (std::find(r.stop_ids.begin(), r.stop_ids.end(), int64_t{token}) != r.stop_ids.end()) {
-      reason = FinishReason::eos;
-    } else if (generated >= r.max_new_tokens) {
-      reason = FinishReason::length;
-    } else if (static_cast<int64_t>(r.prompt.size()) + generated > config.max_position_embeddings) {
-      reason = FinishReason::context;  // no position left to feed it at
-    }
+    const bool go_on = !seq->request.on_token || seq->request.on_token(token);
+    std::optional<FinishReason> reason = scheduler->accept(*seq, token);
+    if (!go_on) reason = FinishReason::callback;
     if (reason) finish(seq, *reason);
     return !reason;
   }
 
   void apply_cancellations() {
-    std::vector<std::unique_ptr<Sequence>> never_started;
-    std::vector<Sequence*> ended;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (cancelled.empty()) return;
-      for (auto it = waiting.begin(); it != waiting.end();) {
-        if (cancelled.erase((*it)->id)) {
-          never_started.push_back(std::move(*it));
-          it = waiting.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      for (const auto& s : running) {
-        if (cancelled.count(s->id)) ended.push_back(s.get());
-      }
-      // Ids that are neither waiting nor running finished already: forget them.
-      std::set<uint64_t> live;
-      for (Sequence* s : ended) live.insert(s->id);
-      cancelled = std::move(live);
+    Scheduler::Cancelled cancelled = scheduler->take_cancelled();
+    for (auto& s : cancelled.never_started) {
+      Sequence& seq = sequence(s.get());
+      seq.result.finish_reason = FinishReason::callback;
+      if (seq.request.on_finish) seq.request.on_finish(seq.result);
     }
-    for (auto& s : never_started) {
-      s->result.finish_reason = FinishReason::callback;
-      if (s->request.on_finish) s->request.on_finish(s->result);
-    }
-    for (Sequence* s : ended) finish(s, FinishReason::callback);
-  }
-
-  // The counts other threads read (stats, idle), refreshed by the engine thread after each change.
-  void publish_counts() {
-    int64_t prefilling = 0, decoding = 0;
-    for (const auto& s : running) (s->next_token < 0 ? prefilling : decoding) += 1;
-    std::lock_guard<std::mutex> lock(mutex);
-    counters.prefilling = prefilling;
-    counters.decoding = decoding;
+    for (SequenceState* s : cancelled.running) finish(&sequence(s), FinishReason::callback);
   }
 
   // ---- the model (engine thread, on the engine's stream) ----
 
-  // Slot of the token at `position` of a sequence.
-  int32_t slot_of(const Sequence& seq, int64_t position) const {
-    const auto block = static_cast<size_t>(position / options.block_size);
-    return static_cast<int32_t>(seq.blocks[block] * options.block_size + position % options.block_size);
-  }
-
-  // One prefill forward: the prompts of the front-most prefilling sequence and of the later ones not yet started
-  // that fit one chunk with it (whole_prompts), or one chunk of the front one's longer prompt. A prompt's last
-  // chunk also samples its first new token from the prompt's last logits, into the row's entry of `tokens` where
-  // its first decode step finds it, and downloads it as a step in flight (read within this engine step, see
-  // step()): a prompt's tokens all go through the prefill's large GEMMs and flash attention, and none through a
-  // decode step's weight pass. A one-token prompt needs no prefill: its first decode step feeds it (admit).
+  // One prefill forward (Scheduler::next_prefill): whole prompts together, or one chunk of a longer one. A
+  // prompt's last forward also samples its first new token from the prompt's last logits, into the row's entry of
+  // `tokens` where its first decode step finds it, and downloads it as a step in flight (read within this engine
+  // step, see step()): a prompt's tokens all go through the prefill's large GEMMs and flash attention, and none
+  // through a decode step's weight pass. A one-token prompt needs no prefill: its first decode step feeds it.
   bool prefill_step() {
-    Sequence* front = nullptr;
-    for (const auto& s : running) {
-      if (s->next_token < 0) {
-        front = s.get();
-        break;
-      }
-    }
-    if (!front) return false;
+    const std::optional<PrefillPlan> plan = scheduler->next_prefill();
+    if (!plan) return false;
     {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.prefill_forwards;
     }
-    const auto prompt = static_cast<int64_t>(front->request.prompt.size());
-    if (front->cached == 0 && prompt <= options.prefill_chunk) {
-      const std::vector<Sequence*> group = whole_prompts(*front);
-      const Tensor logits = run_prompts(group);
-      for (Sequence* s : group) s->cached = static_cast<int64_t>(s->request.prompt.size());
-      sample_first_tokens(group, logits);
-      return true;
-    }
-    const int64_t start = front->cached, count = std::min(options.prefill_chunk, prompt - start);
-    const bool last = start + count == prompt;
-    const Tensor logits = run_chunk(*front, start, count, last);
-    front->cached += count;
-    if (last) sample_first_tokens({front}, logits);
+    std::vector<Sequence*> group;
+    for (SequenceState* s : plan->sequences) group.push_back(&sequence(s));
+    const Tensor logits = plan->whole_prompts ? run_prompts(*plan, group) : run_chunk(*plan, *group.front());
+    if (plan->last) sample_first_tokens(group, logits);
+    scheduler->prefilled(*plan);
     return true;
-  }
-
-  // `front` and the sequences after it not yet started whose whole prompts fit one forward with it: the rows
-  // (padded to a power of two) times the longest prompt's bucket (prompt_bucket) within prefill_chunk. A prompt
-  // longer than a chunk never joins (its bucket is the whole chunk); it is chunked alone when it reaches the front.
-  std::vector<Sequence*> whole_prompts(Sequence& front) const {
-    std::vector<Sequence*> group{&front};
-    auto longest = static_cast<int64_t>(front.request.prompt.size());
-    bool after_front = false;
-    for (const auto& s : running) {
-      if (!after_front) {
-        after_front = s.get() == &front;
-        continue;
-      }
-      if (s->next_token >= 0 || s->cached > 0) continue;  // decoding, or the front's chunks (only it has any)
-      const int64_t length = std::max(longest, static_cast<int64_t>(s->request.prompt.size()));
-      const int64_t prompt_rows = pow2_bucket(static_cast<int64_t>(group.size()) + 1);
-      if (prompt_rows * prompt_bucket(length) > options.prefill_chunk) continue;
-      group.push_back(s.get());
-      longest = length;
-    }
-    return group;
-  }
-
-  int64_t prompt_bucket(int64_t length) const {
-    return std::min(pow2_bucket(length, kMinPromptBucket), options.prefill_chunk);
   }
 
   // Each sequence of `group` starts decoding with its first token sampled from its row of `logits`
@@ -484,7 +331,6 @@ struct Engine::Impl {
       sample_tokens(logits.narrow(0, static_cast<int64_t>(i), 1).select(1, 0),
                     narrow_rows(seq.row, 1, seq.request.sampling.temperature == 0), chosen);
       download(host_tokens[kPrefillBuffer] + seq.row, chosen, 1);
-      ++seq.steps_in_flight;
       step.fed.emplace_back(seq.row, seq.id);
     }
     if (stream) tokens_read[kPrefillBuffer]->record(*stream);
@@ -494,24 +340,20 @@ struct Engine::Impl {
   }
 
   // The whole prompts of `group` in one forward, a row each: replayed from the graph of their padded (rows,
-  // bucket) on CUDA, eagerly (rows padded to the longest prompt) otherwise. Returns their last logits
+  // length) on CUDA, eagerly (rows padded to the longest prompt) otherwise. Returns their last logits
   // [rows, 1, V], group order.
-  Tensor run_prompts(const std::vector<Sequence*>& group) {
+  Tensor run_prompts(const PrefillPlan& plan, const std::vector<Sequence*>& group) {
     std::vector<ChunkSpan> spans;
-    int64_t longest = 0;
-    for (const Sequence* s : group) {
-      spans.push_back({s, 0, static_cast<int64_t>(s->request.prompt.size())});
-      longest = std::max(longest, spans.back().count);
-    }
+    for (const Sequence* s : group) spans.push_back({s, 0, s->prompt_tokens});
     if (stream && options.cuda_graphs) {
-      const PromptGraph& g = prompt_graph(pow2_bucket(static_cast<int64_t>(group.size())), prompt_bucket(longest));
+      const PromptGraph& g = prompt_graph(plan.rows, plan.length);
       upload_chunks(g.inputs, g.last_rows, spans);
       g.graph.replay();
       count_prefill_replay();
       return g.logits;
     }
     const auto prompt_rows = static_cast<int64_t>(group.size());
-    const Tensor inputs = Tensor::empty({3, prompt_rows * longest}, DType::i32, device);
+    const Tensor inputs = Tensor::empty({3, prompt_rows * plan.count}, DType::i32, device);
     const Tensor last_rows = Tensor::empty({prompt_rows}, DType::i32, device);
     upload_chunks(inputs, last_rows, spans);
     nn::PagedBatch batch;
@@ -524,9 +366,10 @@ struct Engine::Impl {
   // One chunk of `seq`'s prompt, [start, start + count), not all of it in one (see prefill_step): replayed from
   // the graph of its start when it is a full chunk before the last, eagerly otherwise. Returns the prompt's last
   // logits [1, 1, V] for the last chunk, nothing for an earlier one.
-  Tensor run_chunk(const Sequence& seq, int64_t start, int64_t count, bool last) {
+  Tensor run_chunk(const PrefillPlan& plan, const Sequence& seq) {
+    const int64_t start = plan.start, count = plan.count;
     const bool replay = stream && options.cuda_graphs;
-    if (replay && !last && (prefill_graphs.count(start) || prefill_graphs.size() < kMaxChunkGraphs)) {
+    if (replay && !plan.last && (prefill_graphs.count(start) || prefill_graphs.size() < kMaxChunkGraphs)) {
       // count == prefill_chunk: only the last chunk is shorter
       upload_chunks(prefill_inputs, Tensor(), {{&seq, start, count}});
       prefill_table.copy_(block_tables.narrow(0, seq.row, 1));
@@ -539,7 +382,7 @@ struct Engine::Impl {
     nn::PagedBatch batch;
     nn::ForwardContext ctx;
     const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, 1, batch, ctx);
-    if (last) return model.forward(ids, ctx).value();
+    if (plan.last) return model.forward(ids, ctx).value();
     model.fill_cache(ids, ctx);  // nobody reads an earlier chunk's logits
     return {};
   }
@@ -570,7 +413,7 @@ struct Engine::Impl {
         positions[at] = static_cast<int32_t>(position);
         if (i >= count) continue;
         ids[at] = seq->request.prompt[static_cast<size_t>(position)];
-        slots[at] = slot_of(*seq, position);
+        slots[at] = scheduler->slot_of(*seq, position);
       }
       last[static_cast<size_t>(r)] = static_cast<int32_t>(r * width + count - 1);
     }
@@ -697,45 +540,17 @@ struct Engine::Impl {
     else std::memcpy(dst, src.data_ptr(), bytes);
   }
 
-  // Whether the next decode step should feed `seq`: it decodes, and the steps already enqueued leave it short
-  // of its token budget and of the window (one of them ends it by length: then it is not fed again). A stop id
-  // or a cancellation shows only when its step is read, so such a sequence is fed once more; that row's token
-  // is discarded (EngineStats::discarded_rows) and its k/v land in a slot it still owns.
-  bool feeds_next_step(const Sequence& seq) const {
-    if (seq.next_token < 0) return false;  // still prefilling
-    const auto generated = static_cast<int64_t>(seq.result.tokens.size()) + seq.steps_in_flight;
-    return generated < seq.request.max_new_tokens && seq.cached < config.max_position_embeddings;
-  }
-
-  // Enqueues one decode step for every sequence that feeds_next_step: an upload of the step's positions and
-  // slots unless the step before left the same on the device (and of the first token of a sequence's first
-  // step), one graph replay, which ends by writing the sampled ids to host_tokens. The ids are read later
-  // (read_oldest_step): meanwhile the host prepares the next step.
+  // Enqueues one decode step (Scheduler::next_decode): an upload of the step's positions and slots unless the
+  // step before left the same on the device (and of the first token of a sequence's first step), one graph
+  // replay, which ends by writing the sampled ids to host_tokens. The ids are read later (read_oldest_step):
+  // meanwhile the host prepares the next step. A stop id or a cancellation shows only when its step is read, so
+  // such a sequence is fed once more; that row's token is discarded (EngineStats::discarded_rows) and its k/v
+  // land in a slot it still owns.
   bool enqueue_decode_step() {
-    std::vector<Sequence*> fed;
-    int64_t highest_row = -1, longest = 0;
-    for (const auto& s : running) {
-      if (!feeds_next_step(*s)) continue;
-      fed.push_back(s.get());
-      highest_row = std::max(highest_row, s->row);
-      longest = std::max(longest, s->cached + 1);
-    }
-    if (fed.empty()) return false;
-    int64_t batch_rows = options.max_batch;
-    for (int64_t b : kBatchBuckets) {
-      if (b > highest_row) {
-        batch_rows = std::min(b, options.max_batch);
-        break;
-      }
-    }
-    // The rows of [0, rows) without a decoding sequence hold greedy params (start_decoding, finish); those
-    // with one decide, fed or not (a sequence not fed ends when an earlier step is read: its params stay).
-    bool all_greedy = true;
-    for (const auto& s : running) {
-      if (s->next_token >= 0 && s->row < batch_rows) all_greedy = all_greedy && s->request.sampling.temperature == 0;
-    }
-    const int64_t window = max_blocks_per_sequence * options.block_size;
-    const int64_t context = std::min(pow2_bucket(longest, kMinContextBucket), window);
+    const std::optional<DecodePlan> plan = scheduler->next_decode();
+    if (!plan) return false;
+    const int64_t batch_rows = plan->rows, context = plan->context;
+    const bool all_greedy = plan->greedy_only;
 
     // The step's inputs: rows not fed feed whatever id their tokens entry holds at rope position 0, attend to
     // nothing (-1) and write nowhere (-1); their samples are ignored.
@@ -747,20 +562,21 @@ struct Engine::Impl {
     std::fill_n(host + kAttentionPositions * b, b, -1);
     std::fill_n(host + kSlots * b, b, -1);
     StepInFlight step{{}, buffer};
-    for (Sequence* s : fed) {
+    for (SequenceState* s : plan->fed) {
       const auto r = static_cast<size_t>(s->row);
       host[kRopePositions * b + r] = host[kAttentionPositions * b + r] = static_cast<int32_t>(s->cached);
-      host[kSlots * b + r] = slot_of(*s, s->cached);
+      host[kSlots * b + r] = scheduler->slot_of(*s, s->cached);
       step.fed.emplace_back(s->row, s->id);
     }
     const bool changed = !std::equal(host, host + kStepRows * b, predicted_inputs.data<int32_t>());
     if (changed) upload(step_inputs, host, kStepRows * options.max_batch);
     predicted_inputs.copy_(step_host);
     paged_decode_advance(predicted_inputs, host_tables, options.block_size);  // what the step leaves
-    for (Sequence* s : fed) {
-      if (!s->first_step) continue;
-      upload(tokens.narrow(0, s->row, 1), &s->next_token, 1);
-      s->first_step = false;
+    for (SequenceState* state : plan->fed) {
+      Sequence& s = sequence(state);
+      if (!s.first_step) continue;
+      upload(tokens.narrow(0, s.row, 1), &s.request.prompt.back(), 1);
+      s.first_step = false;
     }
     if (stream && options.cuda_graphs) {
       decode_graph(batch_rows, context, all_greedy).replay();
@@ -770,10 +586,7 @@ struct Engine::Impl {
       decode_forward(batch_rows, context, all_greedy);
     }
     if (stream) tokens_read[static_cast<size_t>(buffer)]->record(*stream);
-    for (Sequence* s : fed) {
-      ++s->cached;  // the fed token's k/v are written by the step
-      ++s->steps_in_flight;
-    }
+    scheduler->decoded(*plan);
     in_flight.push_back(std::move(step));
     std::lock_guard<std::mutex> lock(mutex);
     ++counters.decode_steps;
@@ -791,14 +604,13 @@ struct Engine::Impl {
     const int32_t* chosen = host_tokens[step.buffer];
     uint64_t accepted = 0, discarded = 0;  // counted for decode steps only
     for (const auto& [row, id] : step.fed) {
-      Sequence* s = rows[static_cast<size_t>(row)];
+      SequenceState* s = scheduler->in_row(row);
       if (!s || s->id != id) {
         ++discarded;
         continue;
       }
-      --s->steps_in_flight;
       ++accepted;
-      accept(s, chosen[row]);
+      accept(&sequence(s), chosen[row]);
     }
     if (step.buffer == kPrefillBuffer) return;
     std::lock_guard<std::mutex> lock(mutex);
@@ -815,18 +627,15 @@ Engine::~Engine() = default;
 uint64_t Engine::submit(EngineRequest request) {
   impl_->check_request(request);
   auto seq = std::make_unique<Sequence>();
+  seq->prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  seq->max_new_tokens = request.max_new_tokens;
+  seq->greedy = request.sampling.temperature == 0;
+  seq->stop_ids = request.stop_ids;
   seq->request = std::move(request);
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  seq->id = impl_->next_id++;
-  const uint64_t id = seq->id;
-  impl_->waiting.push_back(std::move(seq));
-  return id;
+  return impl_->scheduler->submit(std::move(seq));
 }
 
-void Engine::cancel(uint64_t id) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->cancelled.insert(id);
-}
+void Engine::cancel(uint64_t id) { impl_->scheduler->cancel(id); }
 
 bool Engine::step() {
   autograd::NoGradGuard no_grad;
@@ -843,10 +652,9 @@ bool Engine::step() {
   const size_t keep = decoded ? 1 : 0;
   const bool read = in_flight.size() > keep;
   while (in_flight.size() > keep) impl_->read_oldest_step();
-  if (impl_->running.empty()) {
+  if (impl_->scheduler->running().empty()) {
     while (!in_flight.empty()) impl_->read_oldest_step();
   }
-  impl_->publish_counts();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (prefilled || decoded || read) ++impl_->counters.steps;
   return prefilled || decoded || read;
@@ -856,15 +664,16 @@ void Engine::run_until_idle() {
   while (!idle()) step();
 }
 
-bool Engine::idle() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->waiting.empty() && impl_->running.empty();
-}
+bool Engine::idle() const { return impl_->scheduler->idle(); }
 
 EngineStats Engine::stats() const {
+  const SchedulerCounts counts = impl_->scheduler->counts();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   EngineStats s = impl_->counters;
-  s.waiting = static_cast<int64_t>(impl_->waiting.size());
+  s.waiting = counts.waiting;
+  s.prefilling = counts.prefilling;
+  s.decoding = counts.decoding;
+  s.kv_blocks_used = counts.blocks_used;
   return s;
 }
 
