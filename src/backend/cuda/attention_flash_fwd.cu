@@ -4,11 +4,8 @@
 // Shared by both: the arguments, the split-keys plan, the combine kernel (attention_flash_fwd.cuh).
 //
 // One CTA per (batch, query head, block of BR = 128 query rows); 8 warps, each owning 16 query rows (one
-// m16 tile, MT = 1). FlashAttention-2's sm80 shape, 4 warps of two m tiles (every K/V fragment loaded by
-// ldmatrix feeds both), reads shared memory half as often per mma, yet on the H200 the 8-warp shape was
-// faster everywhere measured (cuda_ops_bench attention_fwd, 2026-11-30, with the split keys below; 4 warps
-// x 2 m tiles with BC 64 / 32 -> 8 warps x 1 with BC 64): B1 T2048 D64 68.7 -> 61.7 us, D128 98.8 ->
-// 91.9 us; B8 T1024 D64 118.7 -> 97.2 us, D128 155.8 -> 138.1 us.
+// m16 tile, MT = 1): faster on Hopper than FlashAttention-2's sm80 shape of 4 warps of two m tiles, which reads
+// shared memory half as often per mma (docs/perf/kernels.md#flash-forward).
 // K and V tiles of BC keys stream through shared memory, double-buffered with cp.async (the load of tile
 // j + 1 is in flight while tile j is computed). Per tile and warp:
 //   S [16 x BC] = Q K^T     (mma.m16n8k16; Q and K fragments by ldmatrix from swizzled shared memory)
@@ -21,15 +18,12 @@
 //
 // Split keys. A causal block's work grows with its position, so when B x Hq x query blocks is small
 // (a batch-1 prefill: Qwen2.5-0.5B T 2048 is 224 CTAs for 264 slots of an H200) the last block, which
-// reads every key, sets the kernel's time while most SMs idle: 128 rows x 2048 keys alone took 131 us of
-// a 131 us R1-1.5B layer. Then the host picks a chunk of key tiles near one slot's share of all the work
-// (split_plan) and a block longer than that runs as several CTAs (grid.z), split s taking the chunk that
-// ends s chunks before the block's last tile (split 0 holds the diagonal; the first key tiles are the
-// shortest, last-launched piece). Each such CTA writes its rows' unnormalized f32 sums and (max, sum);
-// flash_combine_kernel, a warp per row, merges them as the decode path's combine does. Blocks no longer
-// than a chunk write their output directly. Measured (H200, 4-warp tiles, medians of 30): B1 T2048 D64
-// 91.4 -> 69.0 us, D128 132.1 -> 99.8 us; R1-1.5B prefill of 2,048 tokens 125.0K -> 133.3K tok/s. A chunk
-// of half or 3/4 of the share was slower (77.5 / 80.9 us at D64).
+// reads every key, sets the kernel's time while most SMs idle. Then the host picks a chunk of key tiles near
+// one slot's share of all the work (split_plan; half or 3/4 of it was slower) and a block longer than that runs
+// as several CTAs (grid.z), split s taking the chunk that ends s chunks before the block's last tile (split 0
+// holds the diagonal; the first key tiles are the shortest, last-launched piece). Each such CTA writes its rows'
+// unnormalized f32 sums and (max, sum); flash_combine_kernel, a warp per row, merges them as the decode path's
+// combine does. Blocks no longer than a chunk write their output directly.
 //
 // Tiles: BC = 64 keys for both head dims; launch bounds (256, 2), i.e. two CTAs (16 warps) an SM at <= 128
 // registers (D 64: 127; D 128: 128 and a 48-byte stack frame). Shared memory: Q [BR][D], K [2][BC][D],
@@ -308,7 +302,7 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
     flash_fwd::launch_sm90(a, p.batch, static_cast<int>(p.head_dim), bf16, stream, device);
     return;
   }
-  // Tiles: the header comment (8 warps of one m tile, 64-key tiles: measured against 4 warps of two).
+  // Tiles: the header comment (8 warps of one m tile, 64-key tiles).
   if (p.head_dim == 64) {
     if (bf16) launch_forward<__nv_bfloat16, 64, 64, 8, 1>(a, p.batch, stream, device);
     else launch_forward<__half, 64, 64, 8, 1>(a, p.batch, stream, device);

@@ -3,7 +3,7 @@
 // The algorithm is the mma.sync kernel's (attention_flash_fwd.cu: online softmax in registers in log2 units,
 // the causal early exit, split keys and their combine, attention_flash_fwd.cuh); what changes is who feeds
 // the tensor cores. There each warp loads every K and V fragment it multiplies into registers with ldmatrix,
-// and shared memory, not the tensor cores, bounds it (~140 TFLOP/s at a batch-1 prefill). Here a CTA of three
+// and shared memory, not the tensor cores, bounds it. Here a CTA of three
 // warpgroups works on 128 query rows of one head:
 //   - Warpgroup 0, the producer: one thread issues the Tensor Memory Accelerator's copies (cp.async.bulk.tensor,
 //     tensor maps from tensor_map.h) of the CTA's Q rows and of each key tile's K and V into a ring of STAGES
@@ -26,28 +26,14 @@
 // The producer hands its registers to the consumers (setmaxnreg: 24 against 240 a thread), whose S, O and P
 // (160 registers at D 128) would not fit a third of the register file each.
 //
-// Measured (H200, `cuda_ops_bench --reps 20 --filter attention_fwd`, the kernel before it in the same call,
-// 2026-12-01 14:30 UTC): that kernel was this one's consumers alone, two warpgroups loading K and V with cp.async
-// and meeting at a __syncthreads every tile (which kept their softmax in step and the tensor cores idle through
-// it: Nsight Compute's largest stall, 1.55 cycles an issue).
-//   B1 T2048 D128 (R1-1.5B prefill): 57.9 -> 38.1 us (338 TFLOP/s); B8 T1024 D128 102.4 -> 74.5 us
-//   B1 T2048 D64 (Qwen2.5-0.5B):     48.0 -> 32.0 us;                  B8 T1024 D64  65.3 -> 64.7 us
-//   B1 T512: D128 21.1 -> 19.4 us, D64 19.6 -> 21.1 us (its CTAs take two tiles or fewer: the ring never fills)
-// In the model (`microllm bench -p 512,2048 -n 0 -r 10`, two alternated passes, 14:35 UTC): Qwen2.5-0.5B pp2048
-// 529-536K -> 572-586K tok/s, pp512 273-277K -> 283-293K; R1-1.5B pp2048 202-207K -> 215-219K (medians; this
-// machine's R1 prefills spread 198-232K within a pass), pp512 146K -> 144-149K. `--op-times`: R1-1.5B pp2048's
-// attention 1.44 -> 0.90 ms.
-// Tiles, from the same call's sweep: D 128 with 128-key tiles and three stages (one CTA an SM: 224 KB); 64-key
-// tiles in five stages lost (43.6 us). D 64 with 128-key tiles, four stages, one CTA an SM; 64-key tiles with two
-// CTAs an SM (each a 104-register budget, which spills) took 46.0 us, in six stages and one CTA 36.1.
+// Tiles: 128 keys; D 128 in three stages (one CTA an SM: 224 KB), D 64 in four, one CTA an SM (two CTAs an SM
+// of 64-key tiles spill at their 104-register budget). Measurements and the variants not kept:
+// docs/perf/kernels.md#flash-forward-sm90.
 //
 // The wgmma are asynchronous only as long as ptxas can prove no other instruction touches an accumulator
 // before its wait; otherwise it serializes every wgmma of the kernel (ptxas -v: "C7514 ... wgmma.mma_async
-// instructions are serialized"), silently: the results stay right. That happened to this kernel's predecessor
-// for a day (docs/perf/inference-history.md, changes of 2026-12-01 06:13-06:55 UTC); tools/check_wgmma_async.sh (run by
-// .ci/run) fails if C7514 comes back.
-// Measured and not kept (06:43 UTC, the predecessor): S of tile j + 1 and P V of tile j - 1 both in flight during
-// tile j's softmax (two S register sets, four stages, 64-key tiles): D128 B1 T2048 58 -> 68-72 us, D64 47 -> 51-63.
+// instructions are serialized"), silently: the results stay right. tools/check_wgmma_async.sh (run by .ci/run)
+// fails if C7514 appears (docs/perf/kernels.md#flash-forward-sm90: when it happened).
 //
 // The scale rides in the exponent's FMA, so this kernel needs scale > 0 (flash_forward checks; the mma.sync
 // kernel takes any scale).

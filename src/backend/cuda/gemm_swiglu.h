@@ -1,5 +1,6 @@
 // The MLP's input half as one Hopper GEMM (internal header): out = silu(x @ w_gate^T) * (x @ w_up^T) with SwiGLU
-// in the epilogue. Design and measurements: gemm_swiglu_sm90.cu.
+// in the epilogue. Design: gemm_swiglu_sm90.cu; measurements:
+// docs/perf/kernels.md#gemm_swiglu_sm90.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,8 +18,8 @@ bool swiglu_gemm_available(int device);
 // (rows::rows_aligned16); and swiglu_gemm_available.
 bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out);
 
-// Whether the kernel beats cuBLASLt's product and the swiglu kernel at this many rows (measured: prefill-sized
-// batches of 2,048 rows and more); rms_norm_linear takes it only then.
+// Whether the kernel beats cuBLASLt's product and the swiglu kernel at this many rows (prefill-sized batches of
+// 2,048 rows and more: docs/perf/kernels.md#gemm_swiglu_sm90); rms_norm_linear takes it only then.
 bool swiglu_gemm_pays(int64_t rows);
 
 // Launches the product on `stream` (chained in a captured graph); ShapeError where swiglu_gemm_takes says no.

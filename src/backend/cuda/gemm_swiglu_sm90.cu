@@ -2,9 +2,9 @@
 // w = [w_gate; w_up] [2N, K], bf16/f16, f32 accumulation; SwiGLU in the epilogue, so the [M, 2N] product is never
 // written and the separate swiglu kernel never reads it back.
 //
-// Why: at a 2,048-token prefill of DeepSeek-R1-Distill-Qwen-1.5B, cuBLASLt's gate_up product takes 148 us a layer
-// (760 TFLOP/s) and then the swiglu kernel streams its 73 MB output back at copy bandwidth (33 us a layer). cuBLASLt
-// has no SiLU epilogue (cublasLt.h: ReLU, GELU, bias and their gradients), so the fusion needs a GEMM of our own.
+// Why: at prefill size cuBLASLt writes the [M, 2N] product and the swiglu kernel streams it back at copy
+// bandwidth, and cuBLASLt has no SiLU epilogue (cublasLt.h: ReLU, GELU, bias and their gradients), so the fusion
+// needs a GEMM of our own (docs/perf/kernels.md#gemm_swiglu_sm90: its measurements and the variants not kept).
 //
 // The kernel is the standard Hopper design (CUTLASS's warp-specialized persistent kernels, FlashAttention-3):
 //   - Persistent: one CTA per SM walks the tiles (tile t, t + grid, ...); a tile is 128 rows of x by 128 output
@@ -25,28 +25,7 @@
 // Same arithmetic as rms_norm + matmul + swiglu except the order of the k sums inside each product (cuBLASLt's is
 // its own), so results match the composition to a rounding of gate or up (tests/ops/swiglu_gemm_cuda_test.cpp).
 //
-// Measured (H200, `cuda_ops_bench --reps 30 --filter norm_gate_up`, rms_norm + this kernel against rms_norm +
-// cuBLASLt + swiglu, 2026-12-01 09:08 UTC; docs/perf/cuda-ops.md): R1-1.5B 2,048 rows 171 vs 187 us, 4,096 rows
-// 309 vs 359; Qwen2.5-0.5B 2,048 rows 69 vs 79, 4,096 rows 125 vs 145; at 512 and 1,024 rows equal (the grid is a
-// few rounds of tiles, the last one part empty), so rms_norm_linear takes it from 2,048 rows (swiglu_gemm_pays).
-// In the model (`microllm bench -p 2048`, the switch MICROLLM_SWIGLU_GEMM on and off, 09:01 UTC): R1-1.5B pp2048
-// 207.6K -> 217.8K tok/s, Qwen2.5-0.5B 494.6K -> 523.2K.
-// Measured and not kept (same bench, 08:50-09:05 UTC, R1-1.5B 2,048 rows):
-//   - The epilogue in the consumers (registers to global, 4-byte stores) with a 4-stage ring: 193 us against 182
-//     with the staged epilogue (both with two m64n128k16 a step). Nsight Compute: a fifth of the consumers' time
-//     in it, the tensor cores idle meanwhile.
-//   - Two m64n128k16 (gate, up) a k16 step instead of one m64n256k16: 178 vs 174 us (A is read twice).
-//   - 32-wide k slices (64-byte swizzle) in 6 stages of the same bytes: 176 vs 170 us.
-//   - Clusters of two CTAs on neighbouring row blocks, each loading one weight half multicast into both (TMA
-//     .multicast::cluster, empty barriers counting both CTAs' consumers): 281-308 us. Its remote mbarrier arrives
-//     stalled on memory barriers (Nsight Compute: 35% "membar" with .release.cluster); without that qualifier it
-//     was still 281 us, for reasons not found.
-//   - The consumer warpgroups handing over their 64 rows in turn through a 32 KB buffer (16-byte chunks XOR-swizzled
-//     by row), which leaves room for a fourth ring stage (09:18 UTC, two passes): 198 vs 171 us; R1-1.5B pp2048
-//     196.6K vs 214.9K tok/s. The second warpgroup's wait for the first one's rows to drain costs more than the
-//     stage gains.
-// What is left to cuBLASLt's 148 us for the product alone: the tensor cores are ~70% busy (Nsight Compute), the
-// ring's 3 stages are what fits beside the staged tile, and 1,120 tiles on 132 SMs leave the last round half empty.
+// rms_norm_linear takes it from 2,048 rows (swiglu_gemm_pays).
 #include <algorithm>
 #include <type_traits>
 
@@ -304,9 +283,8 @@ CUtensorMap matrix_map(const void* base, DType dtype, int64_t rows, int64_t cols
 
 bool swiglu_gemm_available(int device) { return fused_swiglu_gemm() && sm90a_kernels(device); }
 
-// Measured (cuda_ops_bench norm_gate_up_swiglu against norm_gate_up_swiglu_unfused, docs/perf/cuda-ops.md): at 2,048
-// rows the fused kernel wins for both models; at 512 rows (R1-1.5B: 280 tiles, 2.1 per SM, its last round half
-// empty) cuBLASLt's product and the swiglu kernel are faster.
+// From 2,048 rows: at 512 (R1-1.5B: 280 tiles, 2.1 per SM, its last round half empty) cuBLASLt's product and the
+// swiglu kernel are faster (docs/perf/kernels.md#gemm_swiglu_sm90).
 bool swiglu_gemm_pays(int64_t rows) { return rows >= 2048; }
 
 bool swiglu_gemm_takes(const Tensor& x, const Tensor& w, const Tensor& out) {

@@ -1,11 +1,10 @@
 // Picking among cuBLASLt's algorithms by timing them (internal header; used by matmul.cu's plans).
 //
 // cuBLASLt's heuristic names its first choice without running anything, and for the shapes of our prefill and
-// training GEMMs that choice is often not the fastest of the ones it offers: benchmarks/cublaslt_algos_bench on
-// the H200 (2026-11-30) found R1-1.5B's gate_up [2048 x 1536] x [1536 x 17920] at 157.3 us with the first and
-// 145.3 us with the fourth, its qkv and o 11-12% faster with another, Qwen2.5-0.5B's gate_up 16% (the table in
-// docs/perf/inference.md). So a large half-precision problem's plan asks for several candidates and times each
-// once, on scratch operands of its shape on a private stream, then keeps the fastest for the process's life.
+// training GEMMs that choice is often not the fastest of the ones it offers (benchmarks/cublaslt_algos_bench;
+// docs/perf/kernels.md#gemm-tuning). So a large half-precision problem's plan asks for several candidates and
+// times each once, on scratch operands of its shape on a private stream, then keeps the fastest for the
+// process's life.
 #pragma once
 
 #include <cstddef>

@@ -8,14 +8,12 @@
 // post_attention_layernorm and SwiGLU, down) instead of eight.
 //
 // Why a GEMV: at decode a linear layer reads each weight once and does 2m flops per weight, so its time is the
-// weight bytes over DRAM bandwidth. cuBLASLt's choices for the small shapes leave much of it unused (Nsight
-// Compute, Qwen2.5-0.5B batch 1 on the H200): qkv [1152, 896] 5.5 us, o [896, 896] 5.8 us, down [896, 4864]
-// 6.4 us + a split-K reduce kernel 3.1 us.
+// weight bytes over DRAM bandwidth, and cuBLASLt's choices for the small shapes leave much of it unused
+// (docs/perf/kernels.md#gemv has the measurements behind this comment's rules and constants).
 //
 // 1. Streams: each lane keeps kRingSlots (16) 16-byte weight chunks in flight through a ring of its own in
 //    shared memory, filled with cp.async (L1 bypassed: read once; L2::256B prefetch) and refilled as each chunk
-//    is consumed, so no register is held by a load in flight (56-60 registers a thread; the rolling window of
-//    8 loads in registers before it needed 92, and one of 16 needed 122). The thread's copy groups are counted:
+//    is consumed, so no register is held by a load in flight. The thread's copy groups are counted:
 //    one per chunk, so waiting for all but the newest 15 means the chunk about to be read has landed.
 // 2. Multiplies on the tensor cores: one warp owns a group of 8 weight rows and computes the 16x8 tile
 //    D = A B of mma.m16n8k16 with A = x (rows: the m <= 8 batch rows, rows 8..15 zero) and B = w^T (columns:
@@ -23,34 +21,23 @@
 //    loads 8 consecutive elements of weight row g and the same 8 elements of x row g, at k = 32c + 8t of
 //    chunk c: registers 0-1 of each become the k-pairs (2t, 2t+8) of one mma, registers 2-3 of a second.
 //    Two mma per 16-byte weight load whatever m is, and one 16-byte x load from shared memory: every CTA
-//    stages x there right after its wait, all of a thread's loads in flight at once (copy_packs). Read from
-//    global memory inside the loop, each chunk's mma waited for its own L2 round trip (x is the kernel before's
-//    output): staging the plain products' x (down, and o where it is not fused) took Qwen2.5-0.5B's decode
-//    from 1,520 to 1,555 tok/s at batch 1 and 2,826 to 2,881 at batch 2 (2026-12-02, 00:45 UTC). At 8 rows x
-//    is read from global memory still (kMaxStagedPlainRows).
+//    stages x there right after its wait, all of a thread's loads in flight at once (copy_packs), so that no
+//    chunk's mma waits for its own L2 round trip to x (the kernel before's output). At 8 rows x is read from
+//    global memory still (kMaxStagedPlainRows).
 //    With SwiGLU, two warps of a CTA stream the 8 gate rows and the 8 matching up rows of one output group.
 // 3. Fills the GPU: the warps of a CTA split k (split = 1..16 warps per row group, partial tiles summed
 //    in shared memory in slice order: deterministic). The host picks split from n, k and the SM count
 //    (the launch shape depends only on shapes, so graphs replay it): the smallest power of two that gives
-//    kWarpsTarget (8) warps per SM, but no more slices than k has runs of 8 chunks. Measured in the model
-//    (Qwen2.5-0.5B batch 1, 2026-11-30): 8 gives 1,331-1,345 tok/s, 4, 6, 10, 12, 16, 24, 32 give 1,198-1,254:
-//    at 8 the folded gate_up streams whole rows per warp (split 1: half the CTAs, each normalizing x once) and
-//    its CTAs leave room on each SM for the down projection's CTAs to start early (chained launches), while
-//    down keeps split 16.
+//    kWarpsTarget (8) warps per SM, but no more slices than k has runs of 8 chunks. At 8 the folded gate_up
+//    streams whole rows per warp (split 1: half the CTAs, each normalizing x once) and its CTAs leave room on
+//    each SM for the down projection's CTAs to start early (chained launches), while down keeps split 16.
 // 4. Rounds once: out = round(acc + bias (+ addend)) in f32, like cuBLASLt's epilogue (bias; beta = 1).
 // 5. Launches chained (common.cuh) in decode graphs: the ring's first chunks (and the norm weight) stream in
 //    before the kernel waits for the one before it.
 //
-// Where it runs (cuda_ops_bench --filter decode_linear / decode_norm_linear, weights from DRAM; figures in
-// docs/perf/inference.md): a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down are
-// 1.2-1.6x cuBLASLt; past it cuBLASLt's tiles stream faster: gate_up 17.4 MB 0.81x, 55 MB 0.69x, the head 0.8x,
-// measured with the register-window kernel before the ring).
-// Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): at m = 1 the folded qkv takes 4.1 us where
-// rms_norm + cuBLASLt take 7.9 (R1-1.5B 5.6 vs 10.3), Qwen2.5-0.5B's folded gate_up 8.3 us where rms_norm +
-// cuBLASLt + swiglu take 11.2. R1-1.5B's gate_up (55 MB) folded was faster alone (22.8 vs 24.3 us) but made its
-// batch-1 decode 6% slower (557 vs 594 tok/s), hence 32 MB. At m = 8, where each of gate_up's CTAs normalizes
-// all 8 rows, the fold took 21.9 us where the separate kernels take 12.6, and even the folded qkv (8.7 us
-// where rms_norm + the plain GEMV take 7.6) made Qwen2.5-0.5B's batch-8 decode 14% slower.
+// Where it runs: a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down; past it cuBLASLt's
+// tiles stream faster). Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): the two kernels the fold
+// saves pay for its slower stream up to there; at m = 8 each of gate_up's CTAs would normalize all 8 rows.
 // MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include <climits>
@@ -83,9 +70,8 @@ constexpr int kWarpsTarget = 8;        // warps per SM the split aims for (the h
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
 constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
                                                // pay for a slower stream, up to a point
-// A plain product stages x in shared memory up to this many rows (the header comment, point 2). Measured in the
-// model (Qwen2.5-0.5B, 2026-12-02 00:45 UTC): staged at every size that fits kMaxStaged, batch 8 fell from 9,250 to
-// 8,926 tok/s (its x loads hit L1, and the staging holds every mma back until all 8 rows have landed).
+// A plain product stages x in shared memory up to this many rows (the header comment, point 2): at 8 rows x's loads
+// hit L1, and the staging would hold every mma back until all 8 rows have landed.
 constexpr int64_t kMaxStagedPlainRows = 2;
 constexpr int64_t kMaxFoldedRows = 2;          // every CTA normalizes all m rows of x: past 2 rows it lost
 

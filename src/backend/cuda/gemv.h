@@ -1,6 +1,6 @@
 // The decode GEMV (internal header): out [m, n] = x [m, k] @ w [n, k]^T (+ bias) for m <= 8, the linear
-// layers of a decode step, optionally with the RMSNorm before it and the SwiGLU after it folded in. Design and
-// measurements: gemv.cu.
+// layers of a decode step, optionally with the RMSNorm before it and the SwiGLU after it folded in. Design:
+// gemv.cu; measurements: docs/perf/kernels.md#gemv.
 #pragma once
 
 #include <cuda_runtime.h>

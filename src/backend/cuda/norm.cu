@@ -102,9 +102,8 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
 // up to 16 packs per lane without block barriers). Needs 0 < n / V <= P * TPR.
 // kWeightFirst (warp rows only): the weight is loaded into registers before the wait, see below.
 // Warp rows keep to 128 registers, two blocks an SM, except long rows holding their weight (a decode step's
-// few rows, which one block an SM covers): at 236 (bf16, P 8, the weight held) one block fit, and
-// R1-Distill-1.5B's 2,048 rows of a prefill ran in two waves at 12.5% occupancy (Nsight Compute); at 138 (P 4)
-// Qwen2.5-0.5B's would have. (bf16 P 4 spills 4 bytes at the cap, P 8 72: ptxas, CUDA 13.0.)
+// few rows, which one block an SM covers): a prefill's many rows at one block an SM run in waves at low occupancy
+// (docs/perf/kernels.md#norm). (bf16 P 4 spills 4 bytes at the cap, P 8 72: ptxas, CUDA 13.0.)
 template <typename T, int V, int P, int TPR, bool kWeightFirst>
 __global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeightFirst) ? 2 : 1)
     rms_norm_cached(const ForwardArgs<T> args) {
@@ -116,11 +115,10 @@ __global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeight
   const int lane = threadIdx.x % TPR;
   const int64_t groups = args.n / V;
   // A warp row holds the weight (the same for every row) in registers, loaded before anything else: before
-  // the row's loads and reduction (decode-size rows: 3.9 -> 3.6 us on the H200) and, launched chained in a
-  // decode graph, before the kernel before has even finished (no kernel of a decode step writes a weight).
-  // The block row loads it after its barrier: earlier loads measured 55% of copy bandwidth at [16384, 4096]
-  // against 65% (more registers held across the barrier). Long warp rows of many-row calls (a prefill) load
-  // it at the store too: registers for two blocks an SM.
+  // the row's loads and reduction and, launched chained in a decode graph, before the kernel before has even
+  // finished (no kernel of a decode step writes a weight). The block row loads it after its barrier (earlier
+  // loads hold more registers across the barrier and stream slower). Long warp rows of many-row calls (a
+  // prefill) load it at the store too: registers for two blocks an SM.
   Pack<V, T> w[kWeightFirst ? P : 1];
   if constexpr (kWeightFirst) {
 #pragma unroll
@@ -139,8 +137,7 @@ __global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeight
     const T* x_row = args.x + off[0];
     const T* r_row = args.residual ? args.residual + off[1] : nullptr;
     // Every load of the row before any store: h_out may alias x as far as the compiler knows, so a store of h
-    // between two loads kept the next load behind it, one memory round trip per pack (R1-Distill-1.5B's
-    // [2048, 1536] residual norm took 16.9 us, 1.5 TB/s).
+    // between two loads would keep the next load behind it, one memory round trip per pack.
     Pack<V, T> h[P], r[P];
 #pragma unroll
     for (int q = 0; q < P; ++q) {
@@ -371,15 +368,14 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream, i
     args.x_step = args.r_step = args.w_step = 1;
     const int64_t groups = args.n / V;
     // A warp per row up to 8 packs per lane (the models' hidden sizes: bf16 rows up to 2048), 8 rows per
-    // block, no block barriers; longer rows take the block. (A warp with 16 packs per lane on bf16 rows of
-    // 4096 measured 35% of copy bandwidth on the H200, the block 64%: too few warps in flight per SM.)
+    // block, no block barriers; longer rows take the block (a warp of 16 packs a lane leaves too few warps in
+    // flight per SM; docs/perf/kernels.md#norm).
     if (groups <= 32) return launch_warp_rows<T, V, 1>(args, stream, device);
     if (groups <= 64) return launch_warp_rows<T, V, 2>(args, stream, device);
     if (groups <= 128) return launch_warp_rows<T, V, 4>(args, stream, device);
     if (groups <= 192) return launch_warp_rows<T, V, 6>(args, stream, device);  // R1-Distill-1.5B: 1536
     if (groups <= 256) return launch_warp_rows<T, V, 8>(args, stream, device);
-    // Rows of 257..2048 packs: the block per row. (Measured on the H200 at [16384, 4096] bf16, copy 3.74
-    // TB/s: 256 threads per row 65% of it, 128 threads (2 rows per block) 64%, 64 threads 55%.)
+    // Rows of 257..2048 packs: the block of 256 threads per row (fewer threads a row stream slower).
     if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream, device);
     if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream, device);
     if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream, device);

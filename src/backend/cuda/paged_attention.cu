@@ -21,10 +21,9 @@ namespace {
 constexpr int kRowsPerCta = 8;  // query heads per CTA (of one kv head); 1 when the grid would be small
 constexpr int kMaxChunk = 256;
 constexpr int kMinSplitChunk = 64;
-// Past one chunk the splits aim at this many CTAs per SM (paged_kernels.cuh's header comment). Measured in the model
-// (Qwen2.5-0.5B, prompt 2048 / batch 2 / 64 new, 2026-11-30, one call): 1 gives 1,756 tok/s where 2 gave
-// 1,690 and half an SM 1,626-1,632: a split of 128 keys stages its rows in one round trip as a split of 64
-// does, and the combine merges half as many.
+// Past one chunk the splits aim at this many CTAs per SM (paged_kernels.cuh's header comment): a split of 128 keys
+// stages its rows in one round trip as a split of 64 does, and the combine merges half as many
+// (docs/perf/kernels.md#paged-attention has the measurements behind this file's constants).
 constexpr int kSplitCtasPerSm = 1;
 constexpr int64_t kStageBudget = 96 * 1024;        // bytes of staged K and V rows per CTA (2 CTAs fit an SM)
 constexpr int64_t kStageBudgetAlone = 144 * 1024;  // one query head per CTA (a small grid): one CTA per SM is
@@ -33,10 +32,8 @@ constexpr int kMaxStagedSmem = 160 * 1024;  // the staged kernel's shared memory
 constexpr int kMaxSplits = 8192;            // the combine kernel keeps one weight per split in shared memory
 // paged_decode_attention_projected's one kernel (kProject) takes at most this many tokens, and a CTA at most this
 // many bytes of o_weight: staged in shared memory (replicated clusters) or streamed through L2 (one cluster a
-// token; plan_projection). Measured in the model (docs/perf/inference.md): Qwen2.5-0.5B batch 8 fused 8,256 tok/s
-// against 8,795-8,811 with the o GEMV on its own (8 clusters each read all of o_weight through 14 SMs); R1-Distill-1.5B
-// batch 1 (384 KB a CTA) 580 against 666 and in five replicas (78 KB a CTA) slower too; replicas past half the SMs
-// lost (plan_projection).
+// token; plan_projection). Past 2 tokens the clusters each read all of o_weight through a few SMs, and past these
+// budgets (R1-Distill-1.5B's rows) the o GEMV on its own is faster.
 constexpr int64_t kMaxProjectedTokens = 2;
 constexpr int64_t kMaxStagedProjection = 64 << 10;
 constexpr int64_t kMaxStreamedProjection = 128 << 10;
@@ -206,16 +203,8 @@ bool projection_fused() {
 // kMaxStreamedProjection a CTA). Sets a.replicas and a.o_cols; returns the staged bytes a CTA (0: streamed), or
 // -1 where the rows fit neither budget. max_ctas: half the SMs for the one-kernel path, whose replicas each
 // compute the token's attention again and sit beside the qkv kernel's CTAs; all of them past one split, where a
-// replica repeats only the merge of a head's splits (partials read from L2).
-// Measured in the model (Qwen2.5-0.5B, 2026-12-01, docs/perf/inference.md and inference-history.md):
-//   one kernel, tg128: batch 1 with 4 replicas (56 CTAs, 28 KB each) 1,463-1,466 tok/s against 1,412-1,414 with
-//   one; a sweep of the first build gave 2 / 3 / 4 / 5 / 6 / 8 replicas 1,389 / 1,420 / 1,447 / 1,442 / 1,404 /
-//   1,391 against 1,424 for one cluster. Batch 2 (04:27 UTC, two passes): 2 replicas (56 CTAs, 57 KB each) 2,782 /
-//   2,783 against 2,742 / 2,743 with one cluster streaming its rows, 2,596 with one staging 115 KB, 2,759 with 4
-//   (past half the SMs); batch 1 with 2 replicas (57 KB) 1,503 against 1,521 with 4.
-//   Past one split (04:22 UTC, two passes, one cluster forced against the policy): 2048:2:64 1,979 / 1,976 ->
-//   2,045 / 2,040 tok/s (4 replicas, 28 KB), 1024:2:64 2,089 / 2,093 -> 2,147, 4096:1:64 997 -> 1,032 (8 replicas,
-//   14 KB); forced 2 / 4 / 8: 1,972 / 2,043 / 2,046 at 2048:2:64.
+// replica repeats only the merge of a head's splits (partials read from L2). On Qwen2.5-0.5B this gives 4 replicas
+// at batch 1 and 2 at batch 2 (docs/perf/kernels.md#paged-attention: the sweeps).
 // MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
 // Head clusters (launch_head_clusters) pass the rows' length in elements (a kv head's part of o_in) and their
 // clusters a token, which compute the same columns.
@@ -342,14 +331,9 @@ std::atomic<bool>& token_clusters_flag() {
 // kMaxChunk on the CUDA cores, staged whole. Replicas (plan_projection) within half the SMs, as launch_projected's:
 // each repeats the token's attention, and they sit beside the qkv kernel's CTAs. Returns false, having launched
 // nothing, anywhere else.
-// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 11:40 UTC, against the splits in the same call, two passes;
-// docs/perf/inference-history.md): 512:2:64 2,234 -> 2,401 tok/s, 1024:2:64 2,153 -> 2,278, 512:1:64 1,195 -> 1,345,
-// 1024:1:64 1,176 -> 1,290; 4 replicas at batch 2 (all the SMs) 2,329 and 2,201 instead.
-// The slices of a 4,096-key graph (512 keys for 2 kv heads) lost while the CTAs' phases ran on the CUDA cores (staged
-// whole 1,601 against the splits' 2,039 tok/s at 2048:2:64; in passes of 256 or 128 keys 1,746 and 1,757 against
-// 2,060); on the tensor cores (decode_mma.cuh) they beat head clusters (which took that graph before) where the
-// context fills half the graph, and lose to them past that (2026-12-03 09:05 UTC, one call, two passes, medians of 3):
-// 2048:2:64 2,501-2,503 -> 2,528-2,531 tok/s, 3072:2:64 2,103-2,107 -> 2,073-2,075. The target's workload decides.
+// The slice limit: 512 keys on the tensor cores (a 4,096-key graph for 2 kv heads, where this kernel beats head
+// clusters while the context fills half the graph: the target workload's case), kMaxChunk on the CUDA cores
+// (slices of 512 keys staged there lost to the splits).
 constexpr int64_t kMaxTokenClusterChunk = 512;
 template <typename T>
 bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int64_t max_context, int sms, int device,
@@ -429,16 +413,8 @@ int* arrival_counters(int device, cudaStream_t stream) {
 // tokens, at least 2 kv heads (one kv head is a token's cluster), a GQA group within a CTA's rows and a CTA for each
 // of the group's query heads, and a slice within one chunk: up to 4,096 keys. Replicas (plan_projection) within half
 // the SMs, as launch_token_cluster's. Returns false, having launched nothing, anywhere else.
-// Measured in the model (Qwen2.5-0.5B bf16, 2026-12-01 18:55-19:05 UTC, against the splits and their projected merge
-// in the same calls, two passes each; docs/perf/inference-history.md): one token, 2048:1:64 1,151-1,152 ->
-// 1,200-1,203 tok/s (4.4%); two tokens 2048:2:64 2,087-2,091 -> 2,057-2,070 (with o_weight's rows staged:
-// 2,072-2,073) while 3072:2:64 gained 1.7% (both in the 4,096-key graph), and where a token's cluster takes the
-// context head clusters lost to it (1024:2:64 2,168 against 2,297, 1024:1:64 1,250 against 1,298). R1-Distill-1.5B's
-// rows fit no budget here either (48 columns of 768 a CTA at two replicas); forced into three or four replicas it lost
-// (2048:1:64 544 -> 534 / 442 tok/s, 19:15 UTC). With the CTAs' phases on the tensor cores two tokens won (2026-12-02
-// 10:30 UTC, docs/perf/inference.md: 2048:2:64 2,386 -> 2,443 tok/s, 3072:2:64 2,076 -> 2,109; and 2,103-2,107
-// against 2,073-2,075 for a token's cluster of 512-key slices at 3072:2:64, 2026-12-03 09:05 UTC), so the limit is 2
-// there and 1 on the CUDA cores.
+// Tokens: up to 2 where the CTAs' phases run on the tensor cores, 1 on the CUDA cores (two tokens lost to the splits
+// there; docs/perf/kernels.md#paged-attention).
 template <typename T>
 int64_t max_head_cluster_tokens(int dim) {
   return staged_on_tensor_cores<T, kRowsPerCta>(dim) ? 2 : 1;

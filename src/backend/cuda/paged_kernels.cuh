@@ -345,11 +345,10 @@ __device__ __forceinline__ void attend_staged_keys(const PagedArgs& a, int D, in
 // paged_decode_attention would write it, gathers the token's Hq * D outputs from the cluster's shared memory (one
 // exchange of 2 bytes an element) and computes its columns, the addend added before the one rounding
 // (linear_add's arithmetic).
-// Why (docs/perf/inference.md): at batch 1 the o GEMV on its own costs Qwen2.5-0.5B's decode step 4.2 us a
-// layer, mostly a kernel boundary's latency rather than its 1.6 MB of weights. One cluster a token (14 SMs
-// reading 115 KB each from L2 after the attention) gave back part of that; replicated clusters repeat the
-// attention (its K/V rows are L2 hits after the first) so that o_weight spreads over 4x more SMs, in pieces small
-// enough to sit in shared memory beside the qkv kernel's CTAs while that kernel still runs.
+// Why: at batch 1 the o GEMV on its own costs a decode step mostly a kernel boundary's latency rather than its
+// weights' bytes (docs/perf/kernels.md#paged-attention). Replicated clusters repeat the attention (its K/V rows are
+// L2 hits after the first) so that o_weight spreads over more SMs, in pieces small enough to sit in shared memory
+// beside the qkv kernel's CTAs while that kernel still runs.
 
 // Shared memory: the staged rows K, V [chunk][pitch] of T (stage_bytes, reused for the cross-warp sums
 // [warps][R][D] f32 after phase 3), then f32: q [R][D], scores [R][chunk], row stats m, l [R]; then

@@ -1,9 +1,9 @@
 // CUDA paged_rope_kv_write (include/microllm/ops/paged_attention.h): a prefill chunk's rotary embedding and KV
-// cache write in one kernel. Separately they were two kernels of scalar 2-byte accesses (rope.cu's thread per
-// (token, pair), paged_attention.cu's thread per element) at ~20% of copy bandwidth, 8-9 us each a layer of an
-// R1-Distill-1.5B 2,048-token prefill; here a CTA takes a token: its threads turn the sine and cosine of each
-// pair once into shared memory, then move the token's q, k and v rows in 16-byte vectors, writing the turned q and
-// k (the attention's inputs) and the turned k and v rows of the token's cache slot.
+// cache write in one kernel. The composition is two kernels of scalar 2-byte accesses (rope.cu's thread per
+// (token, pair), paged_attention.cu's thread per element) far from copy bandwidth (docs/perf/kernels.md#paged-prefill);
+// here a CTA takes a token: its threads turn the sine and cosine of each pair once into shared memory, then move
+// the token's q, k and v rows in 16-byte vectors, writing the turned q and k (the attention's inputs) and the turned
+// k and v rows of the token's cache slot.
 //
 // The arithmetic is rope.cu's (rope.cuh: the angle's product and each turn's products rounded on their own), so
 // the outputs equal the composition bit for bit. Only the split-half layout (pair i is dims i and i + D/2, what

@@ -71,8 +71,8 @@ __device__ __forceinline__ float dot8(const uint4& w, const float (&x)[8]) {
 // f32 sums reduced across the warp; lane i stores the warp's i-th row, so what store adds for row j (the addend:
 // rounded_store) is lane i's, loaded while the attention ran. kRows: from L2, 8 rows' loads in flight hide its
 // latency; from shared memory 4 rows, so that their warp reductions overlap (a row at a time, each row's five
-// dependent shuffles were the warp's critical path: +2.8% on Qwen2.5-0.5B's batch-2 decode with 4, 2026-12-01 22:52
-// UTC, docs/perf/inference.md). A row's sum is the same whatever kRows is.
+// dependent shuffles are the warp's critical path; docs/perf/kernels.md#paged-attention). A row's sum is the same
+// whatever kRows is.
 template <bool kRowsStaged, int kWarps, typename T, typename Store>
 __device__ void project_rows(const T* x, const T* w, int64_t w_stride, int cols, int o_in, Store store) {
   constexpr int kRows = kRowsStaged ? 4 : 8;

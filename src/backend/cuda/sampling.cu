@@ -1,7 +1,7 @@
 // CUDA sampling: the rule of ../sampling_math.h on the device, with no host wait.
-//   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the adjusted logits (bias and penalties). One
-//      block per row scanning 152k logits took 68 us on an H200 (148 dependent loads per thread); a grid of
-//      (rows x chunks) sized to fill the GPU reads the vocabulary once, in parallel.
+//   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the adjusted logits (bias and
+//      penalties). A grid of (rows x chunks) sized to fill the GPU reads the vocabulary once, in parallel (one
+//      block per row would be a chain of dependent loads a thread; docs/perf/kernels.md#sampling).
 //   2. prepare (a block per row and chunk): the row's first maximum from its chunks' partials; a greedy row
 //      ends here (id, counts, offset). For a sampled row each block appends the keys (sampling::rank_key) of
 //      its chunk's candidates that weigh anything to the row's segment of a [B, V] u64 workspace, in any order
@@ -12,7 +12,7 @@
 //      keys: the top-k total, the min-p cut, the top-p cut, then the draw. The integers are the ones the CPU
 //      loop adds, so the id is the CPU's; then id, counts and offset are written.
 // With SamplerRows::greedy_only the call is steps 1 and 2 alone, step 2 one block per row: the sort alone is
-// 11 launches of ~2 us even when every segment is empty.
+// 11 launches even when every segment is empty.
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include <algorithm>
