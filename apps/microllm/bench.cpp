@@ -37,6 +37,7 @@
 #include "microllm/backend/op_timing.h"
 #include "microllm/core/threads.h"
 #include "microllm/generate/engine.h"
+#include "microllm/generate/runner.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/nn/transformer.h"
@@ -256,10 +257,10 @@ std::string why_not(const Test& t, const nn::TransformerConfig& c, DType dtype, 
   return "";
 }
 
-class Runner {
+class Bench {
  public:
-  Runner(const nn::TransformerLM& model, Device device, DType dtype, uint64_t seed)
-      : model_(model), config_(model.config()), device_(device), dtype_(dtype), rng_(seed) {}
+  Bench(const nn::TransformerLM& model, Device device, DType dtype, uint64_t seed)
+      : runner_(model, dtype), config_(model.config()), device_(device), dtype_(dtype), rng_(seed) {}
 
   // Random ids in [0, vocab).
   std::vector<int64_t> random_ids(int64_t count) {
@@ -288,17 +289,14 @@ class Runner {
   }
 
   // One repetition of `t`, in seconds; the cache is allocated by the caller, reset here.
-  double run(const Test& t, nn::KvCache& cache) {
+  double run(const Test& t, generate::ContiguousKvCache& cache) {
     cache.reset();
-    nn::ForwardContext ctx;
-    ctx.compute_dtype = dtype_;
-    ctx.cache = &cache;
     const std::vector<int64_t> host_ids = random_ids(t.kind == Kind::decode ? t.batch : t.batch * t.prompt);
     sync(device_);
     const auto start = std::chrono::steady_clock::now();
     if (t.kind == Kind::prefill) {
       const Tensor ids = Tensor::from_vector(host_ids, {t.batch, t.prompt}, device_);
-      const Tensor logits = model_.forward(ids, ctx).value();
+      const Tensor logits = runner_.forward(ids, cache);
       (void)logits;
       sync(device_);
       return seconds_since(start);
@@ -308,7 +306,7 @@ class Runner {
     // N forwards make N new tokens per sequence: a decode test feeds a random first token and then N - 1
     // chosen ones; a workload's prefill chooses the first new token, then N - 1 single-token steps follow.
     for (int64_t step = 0;; ++step) {
-      const Tensor logits = model_.forward(ids, ctx).value();  // [B, T, vocab]
+      const Tensor logits = runner_.forward(ids, cache);  // [B, T, vocab]
       const std::vector<int64_t> next =
           argmax(logits.select(1, logits.size(1) - 1), -1).to_vector<int64_t>();  // B ids to the host
       if (step + 1 == t.generated) break;
@@ -319,7 +317,7 @@ class Runner {
   }
 
  private:
-  const nn::TransformerLM& model_;
+  generate::Runner runner_;  // --path plain: the model's weights through a contiguous KV cache
   const nn::TransformerConfig& config_;
   Device device_;
   DType dtype_;
@@ -408,13 +406,13 @@ void run_bench(const BenchCliOptions& o) {
   const bool progress = isatty(STDERR_FILENO);
   if (o.op_times) set_op_timing(true);
   autograd::NoGradGuard no_grad;
-  Runner runner(*model, device, dtype, o.seed + 1);
+  Bench bench(*model, device, dtype, o.seed + 1);
   std::vector<Row> rows;
   for (const Test& t : runnable) {
     const int64_t capacity = t.kind == Kind::prefill  ? t.prompt
                              : t.kind == Kind::decode ? t.generated
                                                       : t.prompt + t.generated - 1;
-    std::unique_ptr<nn::KvCache> cache;
+    std::unique_ptr<generate::ContiguousKvCache> cache;
     std::unique_ptr<generate::Engine> engine;
     if (o.path == "engine") {
       generate::EngineOptions e;
@@ -425,7 +423,8 @@ void run_bench(const BenchCliOptions& o) {
       e.cuda_graphs = !o.op_times;  // events cannot bracket the ops of a replayed graph
       engine = std::make_unique<generate::Engine>(*model, e);
     } else {
-      cache = std::make_unique<nn::KvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype, device);
+      cache = std::make_unique<generate::ContiguousKvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype,
+                                                            device);
     }
     Row row{t, {}, {}, 0, 0, {}};
     row.tokens = static_cast<double>(t.batch * (t.kind == Kind::prefill ? t.prompt : t.generated));
@@ -436,7 +435,7 @@ void run_bench(const BenchCliOptions& o) {
                   << (i < o.warmup ? std::string() : std::to_string(i - o.warmup + 1)) << "   " << std::flush;
       }
       if (o.op_times && i == o.warmup) reset_op_timings();
-      const double s = engine ? runner.run_engine(t, *engine) : runner.run(t, *cache);
+      const double s = engine ? bench.run_engine(t, *engine) : bench.run(t, *cache);
       if (i < o.warmup) continue;
       row.seconds.push_back(s);
       row.tokens_per_second.push_back(s > 0 ? row.tokens / s : 0);
@@ -458,7 +457,7 @@ void run_bench(const BenchCliOptions& o) {
   out << "repetitions: " << o.reps << " timed after " << o.warmup << " warm-up; path: " << o.path
       << (o.path == "engine" ? str_cat(" (generate::Engine, paged KV cache, prefill chunk ", o.prefill_chunk,
                                        device.is_cuda() ? ", CUDA graphs)" : ")")
-                             : " (TransformerLM::forward over a contiguous KvCache)")
+                             : " (generate::Runner over a contiguous KV cache)")
       << "\n\n";
   out << "| model | params | device | dtype | batch | test | t/s min | t/s median | t/s max |\n";
   out << "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: |\n";

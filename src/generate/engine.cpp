@@ -11,7 +11,8 @@
 #include "generate/scheduler.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
-#include "microllm/nn/paged_kv_cache.h"
+#include "microllm/generate/kv_cache.h"
+#include "microllm/generate/runner.h"
 #include "microllm/ops/paged_attention.h"
 #include "microllm/ops/sampling.h"
 
@@ -57,7 +58,8 @@ struct Engine::Impl {
   EngineOptions options;
   Device device;
   int64_t max_blocks_per_sequence = 0;  // the window in blocks
-  std::unique_ptr<nn::PagedKvCache> cache;
+  Runner runner;  // the model's weights as inference multiplies them
+  std::unique_ptr<PagedKvCache> cache;
 
   // Device state, allocated once (graphs replay these addresses).
   Tensor block_tables;  // i32 [max_batch, max_blocks_per_sequence]
@@ -121,7 +123,7 @@ struct Engine::Impl {
   mutable std::mutex mutex;
   EngineStats counters;
 
-  Impl(const nn::TransformerLM& m, EngineOptions o) : model(m), config(m.config()), options(o) {
+  Impl(const nn::TransformerLM& m, EngineOptions o) : model(m), config(m.config()), options(o), runner(m, o.dtype) {
     MICROLLM_CHECK(options.max_batch >= 1, ValueError, "engine", "max_batch must be >= 1, got ", options.max_batch);
     MICROLLM_CHECK(options.block_size >= 1, ValueError, "engine", "block_size must be >= 1, got ", options.block_size);
     MICROLLM_CHECK(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1, ValueError, "engine",
@@ -134,7 +136,7 @@ struct Engine::Impl {
       stream = cuda::Stream::create(device.index);
     }
     auto on_engine_stream = scoped_stream();
-    cache = std::make_unique<nn::PagedKvCache>(config, blocks, options.block_size, options.dtype, device);
+    cache = std::make_unique<PagedKvCache>(config, blocks, options.block_size, options.dtype, device);
     const int64_t b = options.max_batch;
     block_tables = Tensor::zeros({b, max_blocks_per_sequence}, DType::i32, device);
     step_inputs = Tensor::zeros({kStepRows, b}, DType::i32, device);
@@ -195,7 +197,7 @@ struct Engine::Impl {
   }
 
   int64_t choose_block_count() const {
-    const size_t per_block = nn::PagedKvCache::block_bytes(config, options.block_size, options.dtype);
+    const size_t per_block = PagedKvCache::block_bytes(config, options.block_size, options.dtype);
     const int64_t most = options.max_batch * max_blocks_per_sequence;  // every row a full window
     if (options.kv_blocks > 0) return options.kv_blocks;
     if (!device.is_cuda()) {  // host pages are committed when first written, but stay modest anyway
@@ -356,11 +358,8 @@ struct Engine::Impl {
     const Tensor inputs = Tensor::empty({3, prompt_rows * plan.count}, DType::i32, device);
     const Tensor last_rows = Tensor::empty({prompt_rows}, DType::i32, device);
     upload_chunks(inputs, last_rows, spans);
-    nn::PagedBatch batch;
-    nn::ForwardContext ctx;
-    const Tensor ids = chunk_context(inputs, block_tables, 0, 0, prompt_rows, batch, ctx);
-    ctx.last_row = last_rows;
-    return model.forward(ids, ctx).value();
+    PagedPrefill attention = prefill_attention(inputs, block_tables, 0, 0, prompt_rows);
+    return runner.forward(prefill_ids(inputs, prompt_rows), attention, LogitRows::chosen(last_rows));
   }
 
   // One chunk of `seq`'s prompt, [start, start + count), not all of it in one (see prefill_step): replayed from
@@ -379,11 +378,10 @@ struct Engine::Impl {
     }
     const Tensor on_device = Tensor::empty({3, count}, DType::i32, device);
     upload_chunks(on_device, Tensor(), {{&seq, start, count}});
-    nn::PagedBatch batch;
-    nn::ForwardContext ctx;
-    const Tensor ids = chunk_context(on_device, block_tables, start, seq.row, 1, batch, ctx);
-    if (plan.last) return model.forward(ids, ctx).value();
-    model.fill_cache(ids, ctx);  // nobody reads an earlier chunk's logits
+    PagedPrefill attention = prefill_attention(on_device, block_tables, start, seq.row, 1);
+    const Tensor ids = prefill_ids(on_device, 1);
+    if (plan.last) return runner.forward(ids, attention, LogitRows::last());
+    runner.fill(ids, attention);  // nobody reads an earlier chunk's logits
     return {};
   }
 
@@ -426,30 +424,27 @@ struct Engine::Impl {
     ++counters.prefill_graph_replays;
   }
 
-  // A prefill forward's batch and context from its inputs (i32 [3, rows * width]: ids, slots, positions) and,
-  // for a chunk past a prompt's start, its sequence's row of `tables`; returns the ids [rows, width].
-  Tensor chunk_context(const Tensor& inputs, const Tensor& tables, int64_t start, int64_t row, int64_t prompt_rows,
-                       nn::PagedBatch& batch, nn::ForwardContext& ctx) const {
+  // A prefill forward's attention from its inputs (i32 [3, rows * width]: ids, slots, positions) and, for a
+  // chunk past a prompt's start, its sequence's row of `tables`; and its ids [rows, width].
+  PagedPrefill prefill_attention(const Tensor& inputs, const Tensor& tables, int64_t start, int64_t row,
+                                 int64_t prompt_rows) const {
     const int64_t width = inputs.size(1) / prompt_rows;
-    batch.cache = cache.get();
-    batch.slots = inputs.select(0, 1);
-    batch.block_tables = tables;
-    batch.chunk_start = start;
-    batch.chunk_row = row;
-    ctx.compute_dtype = options.dtype;
-    ctx.paged = &batch;
-    ctx.last_logits_only = true;  // the first token's, from the last chunk
-    ctx.positions = inputs.select(0, 2).reshape({prompt_rows, width});
-    return inputs.select(0, 0).reshape({prompt_rows, width});
+    return PagedPrefill(*cache, {.slots = inputs.select(0, 1),
+                                 .positions = inputs.select(0, 2).reshape({prompt_rows, width}),
+                                 .block_tables = tables,
+                                 .chunk_start = start,
+                                 .chunk_row = row});
+  }
+  static Tensor prefill_ids(const Tensor& inputs, int64_t prompt_rows) {
+    return inputs.select(0, 0).reshape({prompt_rows, inputs.size(1) / prompt_rows});
   }
 
   // The graph of a full prefill chunk (not a prompt's last) starting at `start`, captured on first use.
   const cuda::Graph& prefill_graph(int64_t start) {
     return cached(prefill_graphs, start, [&](cuda::Graph& graph) {
       graph = cuda::Graph::capture(*stream, graph_pool, [&] {
-        nn::PagedBatch batch;
-        nn::ForwardContext ctx;
-        model.fill_cache(chunk_context(prefill_inputs, prefill_table, start, 0, 1, batch, ctx), ctx);
+        PagedPrefill attention = prefill_attention(prefill_inputs, prefill_table, start, 0, 1);
+        runner.fill(prefill_ids(prefill_inputs, 1), attention);
       });
     });
   }
@@ -460,11 +455,8 @@ struct Engine::Impl {
       g.inputs = Tensor::zeros({3, prompt_rows * bucket}, DType::i32, device);
       g.last_rows = Tensor::zeros({prompt_rows}, DType::i32, device);
       g.graph = cuda::Graph::capture(*stream, graph_pool, [&] {
-        nn::PagedBatch batch;
-        nn::ForwardContext ctx;
-        const Tensor ids = chunk_context(g.inputs, prefill_table, 0, 0, prompt_rows, batch, ctx);
-        ctx.last_row = g.last_rows;
-        g.logits = model.forward(ids, ctx).value();
+        PagedPrefill attention = prefill_attention(g.inputs, prefill_table, 0, 0, prompt_rows);
+        g.logits = runner.forward(prefill_ids(g.inputs, prompt_rows), attention, LogitRows::chosen(g.last_rows));
       });
     });
   }
@@ -479,19 +471,13 @@ struct Engine::Impl {
   // the sampler state and tokens[0, rows) (the ids sampled, which the next step feeds). greedy_only: every row
   // of [0, rows) that is fed a sequence's token has greedy params on the device.
   void decode_forward(int64_t batch_rows, int64_t context, bool greedy_only) {
-    nn::PagedBatch batch;
-    batch.cache = cache.get();
-    batch.slots = step_inputs.select(0, kSlots).narrow(0, 0, batch_rows);
-    batch.block_tables = block_tables.narrow(0, 0, batch_rows);
-    batch.seq_ids = row_ids.narrow(0, 0, batch_rows);
-    batch.query_positions = step_inputs.select(0, kAttentionPositions).narrow(0, 0, batch_rows);
-    batch.max_context = context;
-    nn::ForwardContext ctx;
-    ctx.compute_dtype = options.dtype;
-    ctx.paged = &batch;
-    ctx.positions = step_inputs.select(0, kRopePositions).narrow(0, 0, batch_rows).reshape({batch_rows, 1});
+    PagedDecode attention(*cache, {.slots = step_inputs.select(0, kSlots).narrow(0, 0, batch_rows),
+                                   .block_tables = block_tables.narrow(0, 0, batch_rows),
+                                   .seq_ids = row_ids.narrow(0, 0, batch_rows),
+                                   .positions = step_inputs.select(0, kAttentionPositions).narrow(0, 0, batch_rows),
+                                   .max_context = context});
     const Tensor ids = tokens.narrow(0, 0, batch_rows).reshape({batch_rows, 1});
-    const Tensor logits = model.forward(ids, ctx).value();  // [rows, 1, V]
+    const Tensor logits = runner.forward(ids, attention);  // [rows, 1, V]
     const Tensor chosen = tokens.narrow(0, 0, batch_rows);
     sample_tokens(logits.select(1, 0), narrow_rows(0, batch_rows, greedy_only), chosen);
     // The next step's positions and slots, and the ids to the host: no copy either way.

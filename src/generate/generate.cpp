@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "microllm/autograd/variable.h"
+#include "microllm/generate/kv_cache.h"
+#include "microllm/generate/runner.h"
 #include "microllm/ops/sampling.h"
 
 namespace microllm::generate {
@@ -82,17 +84,15 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
   const auto prompt_length = static_cast<int64_t>(prompt.size());
   const int64_t capacity = std::min(prompt_length + options.max_new_tokens, config.max_position_embeddings);
   autograd::NoGradGuard no_grad;
-  nn::KvCache cache(config, 1, capacity, options.compute_dtype, device);
-  nn::ForwardContext ctx;
-  ctx.compute_dtype = options.compute_dtype;
-  ctx.cache = &cache;
+  const Runner runner(model, options.compute_dtype);
+  ContiguousKvCache cache(config, 1, capacity, options.compute_dtype, device);
   DeviceSampler sampler(options.sampling, {prompt}, config.vocab_size, device);
   std::vector<int32_t> generated;
   std::vector<int64_t> step_ids(prompt.begin(), prompt.end());
   while (static_cast<int64_t>(generated.size()) < options.max_new_tokens &&
          cache.length() + static_cast<int64_t>(step_ids.size()) <= capacity) {
     const Tensor ids = Tensor::from_vector(step_ids, {1, static_cast<int64_t>(step_ids.size())}, device);
-    const Tensor logits = model.forward(ids, ctx).value();  // [1, T, vocab]
+    const Tensor logits = runner.forward(ids, cache, LogitRows::last());  // [1, 1, vocab]
     const int32_t token = sampler.next(logits)[0];
     generated.push_back(token);
     if (on_token && !on_token(token)) break;
@@ -167,28 +167,24 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
   const int64_t capacity = longest + options.max_new_tokens - 1;
   const Device device = model.named_parameters().front().variable->device();
   autograd::NoGradGuard no_grad;
-  nn::KvCache cache(config, b64, capacity, options.compute_dtype, device);
-  nn::ForwardContext ctx;
-  ctx.compute_dtype = options.compute_dtype;
-  ctx.cache = &cache;
+  const Runner runner(model, options.compute_dtype);
+  ContiguousKvCache cache(config, b64, capacity, options.compute_dtype, device);
 
   DeviceSampler sampler(options.sampling, prompts, config.vocab_size, device);
   std::vector<bool> active(batch, true);
   size_t remaining = batch;
 
-  // Padding keys [B, 1, 1, S]: key j of sequence b is real when j >= pad[b]. Built once for the whole cache
-  // and narrowed to the keys of each step (a view: no host work or upload per token). Without padding there
-  // is no mask, so an unpadded batch takes the same kernels as a single sequence.
-  const Tensor cache_mask = [&] {
-    if (!padded) return Tensor();
+  // Padding keys [B, 1, 1, S]: key j of sequence b is real when j >= pad[b]; the cache narrows it to the keys of
+  // each step (a view: no host work or upload per token). Without padding there is no mask, so an unpadded batch
+  // takes the same kernels as a single sequence.
+  if (padded) {
     std::vector<uint8_t> mask(static_cast<size_t>(b64 * capacity));
     for (size_t b = 0; b < batch; ++b) {
       for (int64_t j = 0; j < capacity; ++j)
         mask[b * static_cast<size_t>(capacity) + static_cast<size_t>(j)] = j >= pad[b];
     }
-    return Tensor::from_vector(mask, {b64, 1, 1, capacity}, device);
-  }();
-  auto padding_mask = [&](int64_t keys) { return padded ? cache_mask.narrow(3, 0, keys) : Tensor(); };
+    cache.set_key_mask(Tensor::from_vector(mask, {b64, 1, 1, capacity}, device));
+  }
 
   // Samples the next token of every active sequence from logits [B, T, vocab] (the last row).
   auto sample_step = [&](const Tensor& logits) {
@@ -228,9 +224,8 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
         positions[at] = t - pad[b];
       }
     }
-    ctx.positions = Tensor::from_vector(positions, {b64, longest}, device);
-    ctx.attention_mask = padding_mask(longest);
-    sample_step(model.forward(Tensor::from_vector(ids, {b64, longest}, device), ctx).value());
+    cache.set_positions(Tensor::from_vector(positions, {b64, longest}, device));
+    sample_step(runner.forward(Tensor::from_vector(ids, {b64, longest}, device), cache, LogitRows::last()));
   }
   while (remaining > 0) {  // Decode: one token per sequence; finished ones feed a dummy token, ignored.
     std::vector<int64_t> ids(batch, 0), positions(batch, 0);
@@ -239,9 +234,8 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
       ids[b] = out[b].tokens.back();
       positions[b] = length[b] + static_cast<int64_t>(out[b].tokens.size()) - 1;
     }
-    ctx.positions = Tensor::from_vector(positions, {b64, 1}, device);
-    ctx.attention_mask = padding_mask(cache.length() + 1);
-    sample_step(model.forward(Tensor::from_vector(ids, {b64, 1}, device), ctx).value());
+    cache.set_positions(Tensor::from_vector(positions, {b64, 1}, device));
+    sample_step(runner.forward(Tensor::from_vector(ids, {b64, 1}, device), cache));
   }
   return out;
 }

@@ -50,9 +50,14 @@ nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::strin
   c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
   c.max_position_embeddings = r.integer_or("max_position_embeddings", 2048);
   c.initializer_range = r.number_or("initializer_range", 0.02);
+  // The gated MLP's activation: SwiGLU or GeGLU (transformers' gelu_pytorch_tanh, the tanh approximation).
   const std::string act = r.string_or("hidden_act", "silu");
-  MICROLLM_CHECK(act == "silu", NotSupportedError, r.origin(), "field 'hidden_act' = \"", act,
-                 "\" is not supported (have silu)");
+  if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") {
+    c.mlp_activation = nn::MlpActivation::gelu_tanh;
+  } else {
+    MICROLLM_CHECK(act == "silu", NotSupportedError, r.origin(), "field 'hidden_act' = \"", act,
+                   "\" is not supported (have silu, gelu_pytorch_tanh)");
+  }
   r.reject("mlp_bias", "a bias in the MLP is not supported");
   r.reject("num_experts", "mixture-of-experts models are not supported");
   r.reject("num_local_experts", "mixture-of-experts models are not supported");

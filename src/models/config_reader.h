@@ -1,7 +1,9 @@
-// Typed reads of config.json fields, each error naming the file and the field (internal header).
+// Typed reads of config.json fields, each error naming the file and the field, and the registry of model
+// families (internal header; tests include it to register a family of their own).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -69,13 +71,32 @@ class ConfigReader {
   std::string origin_;
 };
 
-// The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, activation).
+// The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, the MLP's activation).
 nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type);
 
-// Family readers (one file each) and the registry that maps model_type to them.
+// A model family: config.json's model_type, the transformers class that loads it, how its config.json reads
+// into a TransformerConfig (the family's description of its block), and what it adds to the fields every
+// config.json gets when one is written (write_config; nullptr: nothing). src/models/ has one file per family and
+// one registry row each (registry.cpp); register_family adds one at run time (a test's or a plugin's family),
+// which then loads, trains and runs like the built-in ones: the modules and the runner build from the
+// description alone.
+struct Family {
+  std::string model_type;
+  std::string architecture;
+  std::function<nn::TransformerConfig(const ConfigReader&)> read;
+  std::function<void(const nn::TransformerConfig&, nlohmann::json&)> write;
+};
+// ValueError when a family of that model_type exists.
+void register_family(Family family);
+
+// The built-in families' readers and writers (one file each).
 nn::TransformerConfig read_llama_config(const ConfigReader& r);
 nn::TransformerConfig read_mistral_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen2_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen3_config(const ConfigReader& r);
+void write_llama_config(const nn::TransformerConfig& c, nlohmann::json& j);
+void write_mistral_config(const nn::TransformerConfig& c, nlohmann::json& j);
+void write_qwen2_config(const nn::TransformerConfig& c, nlohmann::json& j);
+void write_qwen3_config(const nn::TransformerConfig& c, nlohmann::json& j);
 
 }  // namespace microllm::models

@@ -3,6 +3,14 @@
 
 namespace microllm::models {
 
+void write_mistral_config(const nn::TransformerConfig& c, nlohmann::json& j) {
+  MICROLLM_CHECK(!c.attention_bias && !c.qk_norm, NotSupportedError, "config",
+                 "a mistral config has neither q/k/v biases (qwen2) nor QK-norm (qwen3)");
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["sliding_window"] = nullptr;
+}
+
 nn::TransformerConfig read_mistral_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "mistral");
   if (r.has("sliding_window")) {

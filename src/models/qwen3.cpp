@@ -3,6 +3,15 @@
 
 namespace microllm::models {
 
+void write_qwen3_config(const nn::TransformerConfig& c, nlohmann::json& j) {
+  MICROLLM_CHECK(c.qk_norm && !c.attention_bias, NotSupportedError, "config",
+                 "a qwen3 config has QK-norm and no q/k/v biases");
+  j["attention_bias"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = c.num_layers;
+}
+
 nn::TransformerConfig read_qwen3_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "qwen3");
   c.qk_norm = true;

@@ -1,6 +1,8 @@
 // The registry of model families, and config.json written back for transformers.
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "config_reader.h"
 #include "core/json_text.h"
@@ -12,30 +14,55 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Family {
-  const char* model_type;
-  const char* architecture;  // the transformers class
-  nn::TransformerConfig (*read)(const ConfigReader&);
-};
+// The families: one row each for the built-in ones, then those registered at run time.
+std::mutex families_mutex;
+std::vector<Family>& families() {
+  static std::vector<Family> all = {
+      {"llama", "LlamaForCausalLM", read_llama_config, write_llama_config},
+      {"mistral", "MistralForCausalLM", read_mistral_config, write_mistral_config},
+      {"qwen2", "Qwen2ForCausalLM", read_qwen2_config, write_qwen2_config},
+      {"qwen3", "Qwen3ForCausalLM", read_qwen3_config, write_qwen3_config},
+  };
+  return all;
+}
 
-// One row per family.
-constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", read_llama_config},
-    {"mistral", "MistralForCausalLM", read_mistral_config},
-    {"qwen2", "Qwen2ForCausalLM", read_qwen2_config},
-    {"qwen3", "Qwen3ForCausalLM", read_qwen3_config},
-};
-
-const Family& family_of(const std::string& model_type, const std::string& origin) {
-  for (const Family& f : kFamilies) {
-    if (model_type == f.model_type) return f;
-  }
+Family family_of(const std::string& model_type, const std::string& origin) {
+  std::lock_guard lock(families_mutex);
   std::string known;
-  for (const Family& f : kFamilies) known += (known.empty() ? "" : ", ") + std::string(f.model_type);
+  for (const Family& f : families()) {
+    if (model_type == f.model_type) return f;
+    known += (known.empty() ? "" : ", ") + f.model_type;
+  }
   throw NotSupportedError(origin, str_cat("field 'model_type' = \"", model_type, "\" is not supported (have ", known, ")"));
 }
 
+const char* activation_name(nn::MlpActivation a) { return a == nn::MlpActivation::silu ? "silu" : "gelu_pytorch_tanh"; }
+
+// A written config must read back to the same block: the family's model_type implies some of it (Qwen2's
+// biases, Qwen3's QK-norm, a placement), and a description it cannot express is refused, not silently changed.
+void check_round_trip(const nn::TransformerConfig& c, const nn::TransformerConfig& back) {
+  auto same = [&](bool equal, const char* field) {
+    MICROLLM_CHECK(equal, NotSupportedError, "config", "a ", c.model_type, " config.json cannot express this ", field,
+                   ": written and read back it would change");
+  };
+  same(back.attention_bias == c.attention_bias, "attention_bias");
+  same(back.qk_norm == c.qk_norm, "qk_norm");
+  same(back.norm_placement == c.norm_placement, "norm placement");
+  same(back.mlp_activation == c.mlp_activation, "MLP activation");
+}
+
 }  // namespace
+
+void register_family(Family family) {
+  MICROLLM_CHECK(!family.model_type.empty() && family.read, ValueError, "models",
+                 "a family needs a model_type and a reader");
+  std::lock_guard lock(families_mutex);
+  for (const Family& f : families()) {
+    MICROLLM_CHECK(f.model_type != family.model_type, ValueError, "models", "a family of model_type '",
+                   family.model_type, "' is registered already");
+  }
+  families().push_back(std::move(family));
+}
 
 nn::TransformerConfig read_config(const std::string& json_text, const std::string& origin) {
   const json j = detail::parse_json(json_text, origin, "not valid JSON");
@@ -59,8 +86,9 @@ nn::TransformerConfig read_config_file(const std::string& path) {
 }
 
 std::vector<std::string> supported_model_types() {
+  std::lock_guard lock(families_mutex);
   std::vector<std::string> out;
-  for (const Family& f : kFamilies) out.emplace_back(f.model_type);
+  for (const Family& f : families()) out.push_back(f.model_type);
   return out;
 }
 
@@ -68,15 +96,9 @@ std::string architecture_of(const std::string& model_type) { return family_of(mo
 
 std::string write_config(const nn::TransformerConfig& c) {
   c.validate();
-  // The flags each family can express: an export must not change the architecture.
-  MICROLLM_CHECK(c.model_type != "qwen2" || c.attention_bias, NotSupportedError, "config",
-                 "a qwen2 config needs attention_bias (Qwen2 always has q/k/v biases)");
-  MICROLLM_CHECK(c.model_type == "qwen2" || !c.attention_bias, NotSupportedError, "config",
-                 "q/k/v biases export only as qwen2 (", c.model_type, " would add an o_proj bias)");
-  MICROLLM_CHECK((c.model_type == "qwen3") == c.qk_norm, NotSupportedError, "config",
-                 "qk_norm exists exactly in qwen3, not in ", c.model_type);
+  const Family family = family_of(c.model_type, "config");
   json j;
-  j["architectures"] = {architecture_of(c.model_type)};
+  j["architectures"] = {family.architecture};
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -85,7 +107,7 @@ std::string write_config(const nn::TransformerConfig& c) {
   j["num_attention_heads"] = c.num_heads;
   j["num_key_value_heads"] = c.num_kv_heads;
   j["head_dim"] = c.resolved_head_dim();
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = activation_name(c.mlp_activation);
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope.theta;
   switch (c.rope.scaling.type) {
@@ -108,18 +130,8 @@ std::string write_config(const nn::TransformerConfig& c) {
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
-  if (c.model_type == "llama" || c.model_type == "mistral") {
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-  }
-  if (c.model_type == "llama") j["pretraining_tp"] = 1;
-  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
-  if (c.model_type == "qwen2" || c.model_type == "qwen3") {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = c.num_layers;
-  }
-  if (c.model_type == "qwen3") j["attention_bias"] = false;
+  if (family.write) family.write(c, j);
+  check_round_trip(c, family.read(ConfigReader(j, "config")));
   return j.dump(2) + "\n";
 }
 

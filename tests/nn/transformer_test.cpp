@@ -1,6 +1,7 @@
-// nn modules: Hugging Face parameter names, parameter counts, the loss of a fresh model, gradients
-// that reach every parameter (checked against finite differences in f64), mixed precision, and the
-// KV cache giving the same logits as one full forward.
+// nn modules (the training graph): Hugging Face parameter names, parameter counts, the loss of a fresh model,
+// gradients that reach every parameter (checked against finite differences in f64), mixed precision, fused
+// projections keeping names and values, and the sandwich block with GeGLU. The inference runner over these
+// weights is tests/generate/runner_test.cpp.
 #include "microllm/nn/transformer.h"
 
 #include <gtest/gtest.h>
@@ -68,8 +69,8 @@ TEST(Transformer, FreshModelPredictsNearUniformAndEveryParameterGetsAGradient) {
 }
 
 // Finite differences on a handful of elements of every parameter, in f64.
-void expect_model_gradients_match(bool qwen3_style) {
-  TransformerLM model(small_config(qwen3_style), 7);
+void expect_model_gradients_match(const TransformerConfig& config) {
+  TransformerLM model(config, 7);
   model.to(DType::f64);
   ForwardContext ctx;
   ctx.compute_dtype = DType::f64;
@@ -96,8 +97,37 @@ void expect_model_gradients_match(bool qwen3_style) {
   }
 }
 
-TEST(Transformer, GradientsMatchFiniteDifferencesQwen2Style) { expect_model_gradients_match(false); }
-TEST(Transformer, GradientsMatchFiniteDifferencesQwen3Style) { expect_model_gradients_match(true); }
+// A block no shipped family has (the family description's other options): sandwich norms and GeGLU.
+TransformerConfig sandwich_config() {
+  TransformerConfig c = small_config(false);
+  c.norm_placement = NormPlacement::sandwich;
+  c.mlp_activation = MlpActivation::gelu_tanh;
+  return c;
+}
+
+TEST(Transformer, GradientsMatchFiniteDifferencesQwen2Style) { expect_model_gradients_match(small_config(false)); }
+TEST(Transformer, GradientsMatchFiniteDifferencesQwen3Style) { expect_model_gradients_match(small_config(true)); }
+TEST(Transformer, GradientsMatchFiniteDifferencesSandwichGeglu) { expect_model_gradients_match(sandwich_config()); }
+
+// The sandwich block: four norms with Gemma's names, each in the forward (a norm's weight changes the logits).
+TEST(Transformer, SandwichBlocksHaveFourNormsEachInUse) {
+  TransformerLM model(sandwich_config(), 5);
+  EXPECT_EQ(model.num_parameters(), sandwich_config().num_parameters());
+  const Tensor ids = random_ids(1, 6, 11, 3);
+  autograd::NoGradGuard no_grad;
+  const Tensor before = model.forward(ids, ForwardContext()).value();
+  for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                           "post_feedforward_layernorm"}) {
+    const std::string name = std::string("model.layers.1.") + norm + ".weight";
+    autograd::Variable* w = model.find_parameter(name);
+    ASSERT_NE(w, nullptr) << name;
+    Tensor& value = const_cast<Tensor&>(w->value());
+    const Tensor saved = value.clone();
+    value.copy_(testing::random_tensor(value.shape(), DType::f32, Device::cpu(), 0.5, 1.5));
+    EXPECT_GT(testing::relative_error(model.forward(ids, ForwardContext()).value(), before), 1e-3) << name;
+    value.copy_(saved);
+  }
+}
 
 TEST(Transformer, MixedPrecisionKeepsF32MastersAndF32Gradients) {
   TransformerLM model(TransformerConfig::preset("tiny", 256), 3);
@@ -111,66 +141,6 @@ TEST(Transformer, MixedPrecisionKeepsF32MastersAndF32Gradients) {
     EXPECT_EQ(p.variable->value().dtype(), DType::f32) << p.name;
     EXPECT_EQ(p.variable->grad().dtype(), DType::f32) << p.name;
   }
-}
-
-TEST(Transformer, KvCacheDecodingMatchesOneFullForward) {
-  for (bool qwen3_style : {false, true}) {
-    TransformerLM model(small_config(qwen3_style), 11);
-    const Tensor ids = random_ids(2, 9, 11, 12);
-    autograd::NoGradGuard no_grad;
-    ForwardContext full;
-    const Tensor expected = model.forward(ids, full).value();  // [2, 9, 11]
-    KvCache cache(model.config(), 2, 16, DType::f32, Device::cpu());
-    ForwardContext step;
-    step.cache = &cache;
-    // A prompt of 5 tokens, then 4 single-token steps.
-    std::vector<Tensor> pieces{model.forward(ids.narrow(1, 0, 5).contiguous(), step).value()};
-    for (int64_t t = 5; t < 9; ++t) pieces.push_back(model.forward(ids.narrow(1, t, 1).contiguous(), step).value());
-    EXPECT_EQ(cache.length(), 9);
-    EXPECT_LE(testing::relative_error(concat(pieces, 1), expected), 1e-5) << (qwen3_style ? "qwen3" : "qwen2");
-  }
-}
-
-TEST(Transformer, FillCacheLeavesTheKvThatForwardWouldAndNoLogits) {
-  TransformerLM model(small_config(false), 13);
-  const Tensor ids = random_ids(2, 9, 11, 14);
-  autograd::NoGradGuard no_grad;
-  const Tensor expected = model.forward(ids, ForwardContext()).value();  // [2, 9, 11]
-  KvCache cache(model.config(), 2, 16, DType::f32, Device::cpu());
-  ForwardContext step;
-  step.cache = &cache;
-  model.fill_cache(ids.narrow(1, 0, 6).contiguous(), step);  // a prompt chunk whose logits nobody reads
-  EXPECT_EQ(cache.length(), 6);
-  const Tensor rest = model.forward(ids.narrow(1, 6, 3).contiguous(), step).value();
-  EXPECT_LE(testing::relative_error(rest, expected.narrow(1, 6, 3).contiguous()), 1e-5);
-  EXPECT_THROW(model.fill_cache(ids, ForwardContext()), ValueError) << "without a cache it would do nothing";
-}
-
-TEST(Transformer, LastRowGivesTheLogitsOfThoseRowsOnly) {
-  TransformerLM model(small_config(false), 17);
-  const Tensor ids = random_ids(1, 9, 11, 15);
-  autograd::NoGradGuard no_grad;
-  const Tensor all = model.forward(ids, ForwardContext()).value();  // [1, 9, 11]
-  for (int32_t row : {0, 4, 8}) {
-    ForwardContext ctx;
-    ctx.last_logits_only = true;
-    ctx.last_row = Tensor::from_vector(std::vector<int32_t>{row}, {1});
-    const Tensor got = model.forward(ids, ctx).value();
-    ASSERT_EQ(got.shape(), Shape({1, 1, 11}));
-    EXPECT_LE(testing::relative_error(got, all.narrow(1, row, 1).contiguous()), 1e-6) << "row " << row;
-  }
-  // A batch: each sequence's row as a flat index into its B * T rows.
-  const Tensor two = random_ids(2, 9, 11, 16);
-  const Tensor both = model.forward(two, ForwardContext()).value();  // [2, 9, 11]
-  ForwardContext batched;
-  batched.last_logits_only = true;
-  batched.last_row = Tensor::from_vector(std::vector<int32_t>{3, 9 + 7}, {2});
-  const Tensor got = model.forward(two, batched).value();
-  ASSERT_EQ(got.shape(), Shape({2, 1, 11}));
-  EXPECT_LE(testing::relative_error(got.select(0, 0), both.select(0, 0).narrow(0, 3, 1).contiguous()), 1e-6);
-  EXPECT_LE(testing::relative_error(got.select(0, 1), both.select(0, 1).narrow(0, 7, 1).contiguous()), 1e-6);
-  batched.last_row = Tensor::from_vector(std::vector<int32_t>{0}, {1});
-  EXPECT_THROW(model.forward(two, batched), ShapeError) << "one row per sequence";
 }
 
 TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {

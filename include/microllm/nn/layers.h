@@ -1,7 +1,8 @@
 // The blocks of a decoder-only transformer, with Hugging Face parameter names:
 // Linear (weight [out, in], optional bias), Embedding (weight [vocab, dim]), RMSNorm (weight [dim]),
 // Attention (q/k/v/o projections, GQA, optional QKV bias, optional QK-norm, explicit head_dim, RoPE),
-// Mlp (SwiGLU: gate_proj, up_proj, down_proj), DecoderLayer.
+// Mlp (gated: gate_proj, up_proj, down_proj), DecoderLayer (pre or sandwich norms). These are the training graph;
+// inference runs the same weights through generate::Runner.
 #pragma once
 
 #include <cstdint>
@@ -14,22 +15,19 @@
 
 namespace microllm::nn {
 
-class KvCache;
-struct PagedBatch;
+struct TransformerConfig;
 
-// What every forward needs besides its input.
+// Where a block's RMSNorms sit (DecoderLayer).
+enum class NormPlacement : uint8_t { pre, sandwich };
+// The gated MLP's activation: silu (SwiGLU: Llama, Qwen, Mistral) or gelu_tanh (GeGLU: Gemma).
+enum class MlpActivation : uint8_t { silu, gelu_tanh };
+
+// What a forward needs besides its input. The modules here are the training graph (what autograd
+// differentiates, and the reference the inference runner is tested against): no KV cache, no inference modes.
 struct ForwardContext {
-  Tensor positions;                  // [B, T] or [T] i64: the absolute position of each token
+  Tensor positions;                  // [B, T] or [T] i64: the absolute position of each token; undefined: 0..T-1
   DType compute_dtype = DType::f32;  // parameters are cast to it: f32 masters with bf16 compute in mixed precision
-  KvCache* cache = nullptr;          // inference: the keys and values of earlier tokens (no_grad only)
-  Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, S] (padding in batches)
-  const PagedBatch* paged = nullptr;  // inference over a paged KV cache (nn/paged_kv_cache.h), instead of cache
-  bool last_logits_only = false;      // TransformerLM::forward returns each sequence's last logits: [B, 1, vocab]
-  // With last_logits_only at inference: i32 [B] on the model's device, for each sequence the row (a flat index
-  // b * T + t into the batch's B * T rows) whose logits are returned instead of its row T - 1, so that prompts
-  // padded past their last tokens can be batched and replayed from a CUDA graph (the rows are data, not launch
-  // arguments).
-  Tensor last_row;
+  Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, T] (padding in batches)
 };
 
 // Where new parameters get their values: weights Normal(0, std) from a seeded generator (training from
@@ -52,10 +50,9 @@ class Initializer {
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init);
-  // x @ weight^T (+ bias); with an addend (inference only, x's shape but out_features wide), the sum addend +
-  // x @ weight^T (+ bias) rounded once (ops linear_add): a residual add in the GEMM's epilogue.
-  Variable forward(const Variable& x, const ForwardContext& ctx, const Tensor& addend = Tensor()) const;
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;  // x @ weight^T (+ bias)
   Variable& weight() { return *weight_; }
+  const Variable& weight() const { return *weight_; }
   Variable* bias() const { return bias_; }  // null without one
 
  private:
@@ -72,14 +69,13 @@ class FusedProjections {
   FusedProjections() = default;
   explicit FusedProjections(std::vector<Linear*> parts) : parts_(std::move(parts)) {}
   void fuse();
-  // x [.., in] -> [.., sum of out] when the parts are fused (and ctx's dtype is theirs), else undefined.
-  Tensor forward(const Tensor& x, const ForwardContext& ctx) const;
-  // The fused weight [sum of out, in] and bias (undefined without biases) when forward() would use them (no
-  // grad, fused, ctx's dtype); else an undefined weight.
+  // The fused weight [sum of out, in] and bias (undefined without biases) when fuse() left the parts as rows of
+  // one buffer; else an undefined weight.
   struct Joined {
     Tensor weight, bias;
   };
-  Joined joined(const ForwardContext& ctx) const;
+  Joined joined() const;
+  const std::vector<Linear*>& parts() const { return parts_; }
 
  private:
   std::vector<Linear*> parts_;
@@ -90,6 +86,7 @@ class Embedding : public Module {
   Embedding(int64_t vocab, int64_t dim, Initializer& init);
   Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
   Variable& weight() { return *weight_; }
+  const Variable& weight() const { return *weight_; }
 
  private:
   Variable* weight_;
@@ -102,7 +99,7 @@ class RMSNorm : public Module {
   // {norm(x + residual), x + residual}
   std::pair<Variable, Variable> forward_residual(const Variable& x, const Variable& residual,
                                                  const ForwardContext& ctx) const;
-  Tensor weight_for(const ForwardContext& ctx) const;  // the weight in ctx's compute dtype
+  const Variable& weight() const { return *weight_; }
   double eps() const { return eps_; }
 
  private:
@@ -120,58 +117,54 @@ struct AttentionConfig {
 
 class Attention : public Module {
  public:
-  Attention(const AttentionConfig& config, int layer_index, Initializer& init);
-  // x [B, T, hidden] -> [B, T, hidden]
+  Attention(const AttentionConfig& config, Initializer& init);
+  // x [B, T, hidden] -> [B, T, hidden]: causal attention over the T tokens (and ctx's mask).
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
-  // Inference: q/k/v in one GEMM (see FusedProjections).
+  // Inference: q/k/v as rows of one buffer (see FusedProjections).
   void fuse_projections() { qkv_.fuse(); }
-  const FusedProjections& qkv_projections() const { return qkv_; }
-  // The rest of forward() from the fused projections' output qkv [B, T, (Hq + 2 Hkv) D] (inference); with a
-  // residual [B, T, hidden], residual + forward() (the add in the o projection's epilogue).
-  Variable forward_qkv(const Tensor& qkv, const ForwardContext& ctx, const Tensor& residual = Tensor()) const;
+
+  const AttentionConfig& config() const { return config_; }
+  const FusedProjections& qkv() const { return qkv_; }  // q_proj, k_proj, v_proj
+  const Linear& o_proj() const { return *o_proj_; }
+  const RMSNorm* q_norm() const { return q_norm_; }  // null without QK-norm
+  const RMSNorm* k_norm() const { return k_norm_; }
 
  private:
-  // forward() after the projections; qkv: their fused output when there is one (undefined in training);
-  // residual: as forward_qkv's.
-  Variable attend(Variable q, Variable k, Variable v, const Tensor& qkv, const ForwardContext& ctx,
-                  const Tensor& residual = Tensor()) const;
-  // The paged cache's two cases, both from q, k, v before the rotary embedding: a decode step (rotary, cache
-  // write and attention in one op) and a prefill chunk (rotary and cache write in one op, then attention).
-  Tensor paged_decode(const Tensor& q, const Tensor& k, const Tensor& v, const PagedBatch& paged,
-                      const Tensor& o_weight, const Tensor& residual) const;
-  Tensor paged_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const ForwardContext& ctx) const;
-
   AttentionConfig config_;
-  int layer_index_;
   Linear *q_proj_, *k_proj_, *v_proj_, *o_proj_;
   FusedProjections qkv_;
   RMSNorm *q_norm_ = nullptr, *k_norm_ = nullptr;
 };
 
+// The gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu_tanh (GeGLU).
 class Mlp : public Module {
  public:
-  Mlp(int64_t hidden_size, int64_t intermediate_size, Initializer& init);
-  Variable forward(const Variable& x, const ForwardContext& ctx) const;  // down(silu(gate(x)) * up(x))
-  void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up in one GEMM
-  const FusedProjections& gate_up_projections() const { return gate_up_; }
-  // down_proj (+ residual in its epilogue, inference: Linear::forward's addend)
-  Variable down(const Variable& activation, const ForwardContext& ctx, const Tensor& residual = Tensor()) const;
+  Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init);
+  Variable forward(const Variable& x, const ForwardContext& ctx) const;
+  void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up as rows of one buffer
+
+  MlpActivation activation() const { return activation_; }
+  const FusedProjections& gate_up() const { return gate_up_; }  // gate_proj, up_proj
+  const Linear& down_proj() const { return *down_proj_; }
 
  private:
+  MlpActivation activation_;
   Linear *gate_proj_, *up_proj_, *down_proj_;
   FusedProjections gate_up_;
 };
 
+// One block, as its family's description (TransformerConfig's norm placement, attention options, MLP
+// activation) builds it, with Hugging Face's module names:
+//   pre       h = x + attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
+//   sandwich  h = x + post_attention_layernorm(attn(input_layernorm(x)));
+//             out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const AttentionConfig& attention, int64_t intermediate_size, int layer_index, Initializer& init);
-  // Pre-norm residual block: h = x + attn(norm1(x)); out = h + mlp(norm2(h)), with the second
-  // residual add fused into norm2.
+  DecoderLayer(const TransformerConfig& config, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
-  // The same layer with the residual adds left to the caller, so each meets the next RMSNorm in one fused
-  // kernel: the layer's input is residual + x (just x when residual is undefined); returns (mlp output, h)
-  // whose sum is forward()'s output. At inference with fused projections (forward_fused) the MLP's add rides
-  // in the down projection's epilogue instead: it returns (the layer's output, undefined).
+  // The same block with the residual adds left to the caller, so that each meets the next RMSNorm in one fused
+  // kernel: the block's input is residual + x (just x when residual is undefined); returns (delta, h) whose sum
+  // is forward()'s output.
   std::pair<Variable, Variable> forward_unsummed(const Variable& x, const Variable& residual,
                                                  const ForwardContext& ctx) const;
   void fuse_projections() {
@@ -179,15 +172,19 @@ class DecoderLayer : public Module {
     mlp_->fuse_projections();
   }
 
+  NormPlacement placement() const { return placement_; }
+  const RMSNorm& input_norm() const { return *input_layernorm_; }
+  // pre: the MLP's input norm (Hugging Face's post_attention_layernorm); sandwich: the attention output's norm.
+  const RMSNorm& post_attention_norm() const { return *post_attention_layernorm_; }
+  const RMSNorm* pre_feedforward_norm() const { return pre_feedforward_layernorm_; }  // sandwich only
+  const RMSNorm* post_feedforward_norm() const { return post_feedforward_layernorm_; }
+  const Attention& attention() const { return *self_attn_; }
+  const Mlp& mlp() const { return *mlp_; }
+
  private:
-  // forward_unsummed at inference with fused projections: each RMSNorm and the projections after it are one
-  // op (ops/norm_linear.h), SwiGLU included, so a CUDA decode layer is five kernels; the residual adds ride in
-  // the projection before them (o, down: linear_add, one rounding where Hugging Face rounds twice), except the
-  // attention's where the backend folds the MLP's RMSNorm into one kernel with gate_up (then there). Undefined
-  // results when the fused weights are not there (then the general path runs).
-  std::pair<Variable, Variable> forward_fused(const Variable& x, const Variable& residual,
-                                              const ForwardContext& ctx) const;
+  NormPlacement placement_;
   RMSNorm *input_layernorm_, *post_attention_layernorm_;
+  RMSNorm *pre_feedforward_layernorm_ = nullptr, *post_feedforward_layernorm_ = nullptr;
   Attention* self_attn_;
   Mlp* mlp_;
 };

@@ -1,4 +1,6 @@
-// A decoder-only language model (Llama / Qwen2 / Qwen3 / Mistral family) and its KV cache.
+// A decoder-only language model (Llama / Qwen2 / Qwen3 / Mistral family and any block a family describes) as the
+// training graph: one forward, which autograd differentiates and which inference (generate::Runner, over the same
+// weights) is tested against.
 #pragma once
 
 #include <memory>
@@ -22,14 +24,19 @@ struct TransformerConfig {
   double rms_norm_eps = 1e-6;
   RopeParams rope;
   bool tie_word_embeddings = true;
-  bool attention_bias = false;
-  bool qk_norm = false;
   int64_t max_position_embeddings = 2048;
   double initializer_range = 0.02;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // The block, as its family describes it (models/ reads it from config.json); training's modules and the
+  // inference runner both build from these fields, so a family that only combines them needs no code of its own.
+  NormPlacement norm_placement = NormPlacement::pre;
+  bool attention_bias = false;  // biases on q, k and v (Qwen2)
+  bool qk_norm = false;         // RMSNorm over each head of q and k before the rotary embedding (Qwen3)
+  MlpActivation mlp_activation = MlpActivation::silu;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  AttentionConfig attention() const;
   // The number of weights a TransformerLM of this config holds (tied embeddings counted once).
   int64_t num_parameters() const;
   // Throws ValueError naming the field when the numbers cannot make a model.
@@ -39,54 +46,33 @@ struct TransformerConfig {
   static TransformerConfig preset(const std::string& name, int64_t vocab_size);
 };
 
-// Keys and values of earlier tokens, preallocated: [layers] x [B, Hkv, max_tokens, D] each.
-class KvCache {
- public:
-  KvCache(const TransformerConfig& config, int64_t batch, int64_t max_tokens, DType dtype, Device device);
-  int64_t length() const { return length_; }
-  int64_t capacity() const { return capacity_; }
-  // Writes k, v [B, T, Hkv, D] of `layer` at positions [length, length + T) and returns the cached
-  // [B, Hkv, length + T, D] views. The length advances once every layer has appended (advance()).
-  std::pair<Tensor, Tensor> append(int layer, const Tensor& k, const Tensor& v);
-  void advance(int64_t tokens);
-  void reset() { length_ = 0; }
-  size_t bytes() const;
-
- private:
-  std::vector<Tensor> keys_, values_;
-  int64_t length_ = 0;
-  int64_t capacity_;
-};
-
 class TransformerLM : public Module {
  public:
   // random_init false leaves the weights unwritten for a checkpoint to fill (models/loader.h).
   TransformerLM(const TransformerConfig& config, uint64_t seed, bool random_init = true);
   const TransformerConfig& config() const { return config_; }
 
-  // ids [B, T] (i32/i64) -> logits [B, T, vocab] in the compute dtype.
+  // ids [B, T] (i32/i64) -> logits [B, T, vocab] in the compute dtype: causal attention over the T tokens.
   Variable forward(const Tensor& ids, const ForwardContext& ctx) const;
-  // Inference: forward without the final norm and the head, for the k/v it leaves in ctx.cache or ctx.paged
-  // (a prefill chunk whose logits nobody reads skips a pass over the vocabulary's weights).
-  void fill_cache(const Tensor& ids, const ForwardContext& ctx) const;
-  // Inference: each layer's q/k/v and gate/up projections computed as one GEMM each (nn::FusedProjections;
-  // the weights move into shared buffers, names and values unchanged). Call after loading and after
-  // to(dtype)/to(device), which undo it.
-  void fuse_projections();
   // Mean next-token cross-entropy of forward(ids) against targets [B, T] (-100 ignored).
   Variable loss(const Tensor& ids, const Tensor& targets, const ForwardContext& ctx) const;
+  // For inference: each layer's q/k/v and gate/up weights moved into one buffer each (nn::FusedProjections; names
+  // and values unchanged), so that the runner multiplies each group as one weight without a copy. Call after
+  // loading and after to(dtype)/to(device), which undo it.
+  void fuse_projections();
+
+  // The modules, for the inference runner.
+  const Embedding& embed_tokens() const { return *embed_tokens_; }
+  const std::vector<DecoderLayer*>& layers() const { return layers_; }
+  const RMSNorm& norm() const { return *norm_; }
+  const Linear* lm_head() const { return lm_head_; }  // null when tied to embed_tokens
 
  private:
-  // The embedding and every layer: the residual stream as (delta, residual), each sum left to the next
-  // RMSNorm kernel (residual undefined after layers that add it in their projections' epilogues:
-  // DecoderLayer::forward_unsummed); fills in ctx.positions when unset.
-  std::pair<Variable, Variable> run_layers(const Tensor& ids, ForwardContext& ctx) const;
-
   TransformerConfig config_;
   Embedding* embed_tokens_;
   std::vector<DecoderLayer*> layers_;
   RMSNorm* norm_;
-  Linear* lm_head_ = nullptr;  // null when tied to embed_tokens
+  Linear* lm_head_ = nullptr;
 };
 
 }  // namespace microllm::nn
