@@ -1,37 +1,11 @@
 #include "microllm/backend/backend.h"
 
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 
 #include "cpu/cpu_backend.h"
 #include "environment.h"
 
 namespace microllm {
-
-namespace detail {
-
-bool switch_from_environment(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || std::strcmp(env, "1") == 0) return true;
-  if (std::strcmp(env, "0") == 0) return false;
-  throw ValueError("backend", str_cat(name, " must be 0 or 1, got \"", env, "\""));
-}
-
-int count_from_environment(const char* name, int lo, int hi) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return 0;
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(env, &end, 10);
-  if (end == env || *end != '\0' || errno != 0 || value < lo || value > hi) {
-    throw ValueError("backend", str_cat(name, " must be a whole number in [", lo, ", ", hi, "], got \"", env, "\""));
-  }
-  return static_cast<int>(value);
-}
-
-}  // namespace detail
 
 #ifdef MICROLLM_WITH_CUDA
 Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
@@ -40,30 +14,31 @@ Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 
-using detail::switch_from_environment;
+using detail::FastPath;
+using detail::path_disabled;
 
 std::atomic<bool>& decode_gemv_flag() {
-  static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMV")};
+  static std::atomic<bool> flag{!path_disabled(FastPath::gemv)};
   return flag;
 }
 
 std::atomic<bool>& deterministic_flag() {
-  static std::atomic<bool> flag{switch_from_environment("MICROLLM_DETERMINISTIC")};
+  static std::atomic<bool> flag{detail::deterministic_from_environment()};
   return flag;
 }
 
 std::atomic<bool>& gemm_tuning_flag() {
-  static std::atomic<bool> flag{switch_from_environment("MICROLLM_GEMM_TUNING")};
+  static std::atomic<bool> flag{!path_disabled(FastPath::gemm_tuning)};
   return flag;
 }
 
 std::atomic<bool>& fused_swiglu_gemm_flag() {
-  static std::atomic<bool> flag{switch_from_environment("MICROLLM_SWIGLU_GEMM")};
+  static std::atomic<bool> flag{!path_disabled(FastPath::swiglu_gemm)};
   return flag;
 }
 
 std::atomic<bool>& flash_wgmma_flag() {
-  static std::atomic<bool> flag{switch_from_environment("MICROLLM_FLASH_WGMMA")};
+  static std::atomic<bool> flag{!path_disabled(FastPath::flash_wgmma)};
   return flag;
 }
 }  // namespace
@@ -148,6 +123,8 @@ Backend& cpu_backend() {
 }
 
 Backend& backend_for(Device device) {
+  static const bool environment_checked = (detail::check_environment(), true);  // a mistake shows at the first op
+  (void)environment_checked;
   if (device.is_cpu()) return cpu_backend();
 #ifdef MICROLLM_WITH_CUDA
   return cuda_backend(device.index);

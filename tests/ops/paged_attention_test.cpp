@@ -27,6 +27,7 @@
 
 #ifdef MICROLLM_WITH_CUDA
 #include "backend/cuda/paged_attention.h"
+#include "backend/environment.h"
 #endif
 
 namespace microllm {
@@ -557,8 +558,9 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
   // token's cluster as the switches are, and head clusters (up to two tokens, a padding row counted) with token
   // clusters off; R1's o_weight, past the clusters' budgets, takes the splits. (Not where
   // MICROLLM_ATTENTION_O_REPLICAS forces a replica count: tools/gpu/run.sh's tests step runs this test so, and
-  // R1's rows fit no single replica.)
-  if (d.is_cuda() && std::getenv("MICROLLM_ATTENTION_O_REPLICAS") == nullptr) {
+  // R1's rows fit no single replica; nor where MICROLLM_DISABLE=attention-o keeps the projection out.)
+  if (d.is_cuda() && detail::attention_o_replicas_from_environment() == 0 &&
+      !detail::path_disabled(detail::FastPath::attention_o)) {
     const bool token = pg::token_clusters(), head = pg::head_clusters();
     EXPECT_EQ(pg::projected_launches() - launches_before, 4 * (4 + 3 * 8));
     EXPECT_EQ(pg::token_cluster_launches() - clusters_before, token ? 4 * 7 : 0);

@@ -21,9 +21,9 @@
 #   train-kjv, train-austen   model-s for TRAIN_SECONDS (default 270) per corpus, run at the same time
 #   rms-sweep        cuda_ops_bench rms_norm rows for each MICROLLM_RMS_NORM_TPR (threads per row) and copy
 #   decode-ab        microllm bench decode (tg128 B1/B8, the 2048:2:64, 1024:2:64 and 1024:1:64 workloads) on Qwen2.5-0.5B
-#                    and R1-1.5B with every decode switch on, then MICROLLM_PDL=0, MICROLLM_GEMV=0,
-#                    MICROLLM_ATTENTION_O=0, MICROLLM_ATTENTION_CLUSTER=0 (and DECODE_AB_EXTRA's
-#                    VAR=value switches); cuda_ops_bench's
+#                    and R1-1.5B with every decode path on, then MICROLLM_DISABLE=pdl, gemv, attention-o,
+#                    attention-cluster (and DECODE_AB_EXTRA's: path names, or VAR=value settings such as
+#                    MICROLLM_ATTENTION_O_REPLICAS=1); cuda_ops_bench's
 #                    decode_linear and decode_norm_linear (GEMV vs cuBLASLt / the separate kernels, weights
 #                    from DRAM) and decode_step rows
 #   lib-ab           backend libraries built here from other commits (.device/exp/NAME/) against the staged one,
@@ -132,21 +132,21 @@ step_sanitize_projected() {
 
 # Long-context decode on Qwen2.5-0.5B: head clusters (a 4,096-key graph's attention and projection in one kernel)
 # against the splits and their merge, alternated twice; then head clusters against a token's cluster up to 2,048
-# keys (MICROLLM_ATTENTION_CLUSTER=0 hands those contexts to head clusters).
+# keys (MICROLLM_DISABLE=attention-cluster hands those contexts to head clusters).
 step_long_decode_ab() {
-  local config=tests/fixtures/configs/qwen2.5-0.5b.json pass switch
+  local config=tests/fixtures/configs/qwen2.5-0.5b.json pass disable
   for pass in 1 2; do
-    for switch in MICROLLM_ATTENTION_HEAD_CLUSTER=1 MICROLLM_ATTENTION_HEAD_CLUSTER=0; do
-      echo "== pass $pass, $switch"
-      env $switch timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -r 3 -p 0 -n 0 \
-        --workload ${LONG_DECODE_WORKLOADS:-2048:2:64,2048:1:64,3072:2:64} 2>&1 |
-        tee "$RES/logs/long_decode_${pass}_${switch}.log" | grep -E "pp[0-9]+\+tg"
+    for disable in none attention-head-cluster; do
+      echo "== pass $pass, MICROLLM_DISABLE=$disable"
+      env MICROLLM_DISABLE=${disable#none} timeout 200 "$bin/microllm" bench --config $config --device cuda \
+        --dtype bf16 -r 3 -p 0 -n 0 --workload ${LONG_DECODE_WORKLOADS:-2048:2:64,2048:1:64,3072:2:64} 2>&1 |
+        tee "$RES/logs/long_decode_${pass}_${disable}.log" | grep -E "pp[0-9]+\+tg"
     done
-    for switch in MICROLLM_ATTENTION_CLUSTER=1 MICROLLM_ATTENTION_CLUSTER=0; do
-      echo "== pass $pass, $switch"
-      env $switch timeout 200 "$bin/microllm" bench --config $config --device cuda --dtype bf16 -r 3 -p 0 -n 0 \
-        --workload 1024:2:64,1024:1:64,512:2:64 2>&1 |
-        tee "$RES/logs/mid_decode_${pass}_${switch}.log" | grep -E "pp[0-9]+\+tg"
+    for disable in none attention-cluster; do
+      echo "== pass $pass, MICROLLM_DISABLE=$disable"
+      env MICROLLM_DISABLE=${disable#none} timeout 200 "$bin/microllm" bench --config $config --device cuda \
+        --dtype bf16 -r 3 -p 0 -n 0 --workload 1024:2:64,1024:1:64,512:2:64 2>&1 |
+        tee "$RES/logs/mid_decode_${pass}_${disable}.log" | grep -E "pp[0-9]+\+tg"
     done
   done
 }
@@ -155,6 +155,8 @@ step_long_decode_ab() {
 # .device/exp/NAME/libmicrollm_backend.so.0[.xz] (built here from another commit; xz keeps the carry small),
 # alternated LIB_AB_PASSES (2) times under `microllm bench -r 3 -p 0` with each of LIB_AB_RUNS ("config|arguments"
 # separated by ";"; default Qwen2.5-0.5B tg128 B1/2/8 and the 2048:2:64, 1024:2:64 workloads, R1-1.5B tg128 B1).
+# Every library runs with the same environment: set no switch here (a library built before MICROLLM_DISABLE reads
+# the variables it replaced, MICROLLM_GEMV=0 and so on, and ignores it; a newer one refuses those).
 step_lib_ab() {
   local name dir pass run config args
   local -a libs=(staged) runs
@@ -290,12 +292,16 @@ step_rms_sweep() {
 }
 
 step_decode_ab() {
-  local config switch
+  local config switch setting
   for config in qwen2.5-0.5b deepseek-r1-distill-qwen-1.5b; do
-    for switch in none MICROLLM_PDL=0 MICROLLM_GEMV=0 MICROLLM_ATTENTION_O=0 MICROLLM_ATTENTION_CLUSTER=0 \
-      ${DECODE_AB_EXTRA:-}; do
-      echo "== $config, $switch"
-      env $([ $switch = none ] || echo $switch) timeout 200 "$bin/microllm" bench \
+    for switch in none pdl gemv attention-o attention-cluster ${DECODE_AB_EXTRA:-}; do
+      case $switch in
+        none) setting= ;;
+        *=*) setting=$switch ;;                # a VAR=value setting
+        *) setting=MICROLLM_DISABLE=$switch ;;  # a path name
+      esac
+      echo "== $config, ${setting:-every path on}"
+      env $setting timeout 200 "$bin/microllm" bench \
         --config tests/fixtures/configs/$config.json --device cuda --dtype bf16 -r 2 -p 0 -b 1,8 \
         --workload 2048:2:64,1024:2:64,1024:1:64 2>&1 |
         tee "$RES/logs/decode_ab_${config}_${switch}.log" | grep -E "tg128|pp[0-9]+\+tg"

@@ -225,7 +225,7 @@ void set_deterministic_algorithms(bool deterministic);
 bool deterministic_algorithms();
 
 // Whether CUDA linear layers of decode size (m <= 8 rows, bf16/f16, x @ w^T) run the weight-streaming GEMV
-// (src/backend/cuda/gemv.cu) instead of cuBLASLt. On by default; the environment variable MICROLLM_GEMV=0
+// (src/backend/cuda/gemv.cu) instead of cuBLASLt. On by default; MICROLLM_DISABLE=gemv in the environment
 // turns it off (read once, at the first call); set_decode_gemv overrides both (process-wide), so one run
 // can time the two paths. A CUDA graph keeps the path that was chosen when it was captured.
 void set_decode_gemv(bool enabled);
@@ -233,7 +233,7 @@ bool decode_gemv();
 
 // Whether CUDA's linear_swiglu (the MLP's input half, rms_norm_linear's last step) at prefill size (2,048+ rows,
 // bf16/f16) runs as one Hopper GEMM with SwiGLU in the epilogue (src/backend/cuda/gemm_swiglu_sm90.cu) on an sm_90
-// GPU, instead of cuBLASLt and then the swiglu kernel. On by default; MICROLLM_SWIGLU_GEMM=0 turns it off (read
+// GPU, instead of cuBLASLt and then the swiglu kernel. On by default; MICROLLM_DISABLE=swiglu-gemm turns it off (read
 // once, at the first call); set_fused_swiglu_gemm overrides both (process-wide). A CUDA graph keeps the path
 // that was chosen when it was captured.
 void set_fused_swiglu_gemm(bool enabled);
@@ -241,7 +241,7 @@ bool fused_swiglu_gemm();
 
 // Whether a CUDA matmul of half precision and at least a GFLOP times cuBLASLt's candidate algorithms at the first
 // use of its shape and keeps the fastest (src/backend/cuda/gemm_tuning.h), instead of taking the heuristic's
-// first choice. On by default; MICROLLM_GEMM_TUNING=0 turns it off (read once, at the first call);
+// first choice. On by default; MICROLLM_DISABLE=gemm-tuning turns it off (read once, at the first call);
 // set_gemm_tuning overrides both (process-wide). A shape keeps the algorithm chosen at its first use. Under
 // deterministic_algorithms() only candidates that give the heuristic's choice's bits may be chosen, so results
 // do not depend on which one won the timing in this process.
@@ -250,7 +250,7 @@ bool gemm_tuning();
 
 // Whether the CUDA flash attention forward runs its Hopper kernel (wgmma, src/backend/cuda/
 // attention_flash_fwd_sm90.cu) on an sm_90 GPU (H100 / H200) when the build has sm_90a machine code, instead of
-// the portable mma.sync kernel every sm_80+ GPU runs. On by default; MICROLLM_FLASH_WGMMA=0 turns it off (read
+// the portable mma.sync kernel every sm_80+ GPU runs. On by default; MICROLLM_DISABLE=flash-wgmma turns it off (read
 // once, at the first call); set_flash_wgmma overrides both (process-wide), so tests and benchmarks can run the
 // two kernels side by side.
 void set_flash_wgmma(bool enabled);

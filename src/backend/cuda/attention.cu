@@ -5,15 +5,14 @@
 //          -> reference (any dtype, D, mask, layout: attention_reference.cu)
 //   backward: flash (same conditions, attention_flash_bwd.cu) -> reference.
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
-// when a view has no unit stride along D. MICROLLM_CUDA_ATTENTION=reference in the environment forces the
+// when a view has no unit stride along D. MICROLLM_DISABLE=fast-attention in the environment forces the
 // reference path everywhere (for checking the fast paths against it).
 // out may be any [B, Hq, T, D] view with a unit stride along D: ops::attention hands a token-major one
 // ([B, T, Hq, D] in memory, what the output projection reads). The flash kernels write it in place; the other
 // paths write a contiguous tensor that is then copied into it.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
+#include "../environment.h"
 #include "attention_kernels.h"
 #include "common.cuh"
 #include "cuda_backend.h"
@@ -58,10 +57,7 @@ void write_into(const Tensor& out, bool in_place, Write write) {
 }
 
 bool force_reference() {
-  static const bool forced = [] {
-    const char* env = std::getenv("MICROLLM_CUDA_ATTENTION");
-    return env != nullptr && std::strcmp(env, "reference") == 0;
-  }();
+  static const bool forced = detail::path_disabled(detail::FastPath::fast_attention);
   return forced;
 }
 

@@ -129,7 +129,7 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // steps (the step's positions and block tables are on the device before the graph runs: uploaded, or moved on
 // by the step before's last kernel, paged_decode_advance, which writes them only after its own wait).
 // Outside a capture (training, eager forwards) every launch is plain and waits in stream order.
-// MICROLLM_PDL=0 makes every launch plain (an A/B switch).
+// MICROLLM_DISABLE=pdl makes every launch plain (an A/B switch).
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -141,7 +141,7 @@ __device__ __forceinline__ void chain_next_grids() {
 #endif
 }
 
-// Whether launches on `device` may be chained: compute capability 9.0 or later and MICROLLM_PDL not "0".
+// Whether launches on `device` may be chained: compute capability 9.0 or later and MICROLLM_DISABLE without pdl.
 bool chained_launches(int device);
 // Multiprocessors of `device` (read once; launch shapes ask on every call).
 int multiprocessor_count(int device);

@@ -10,7 +10,8 @@
 namespace microllm::cuda_kernels {
 
 // Whether the kernel can run on `device`: an sm_90 GPU, a build with sm_90a machine code, and
-// fused_swiglu_gemm() on (MICROLLM_SWIGLU_GEMM).
+// fused_swiglu_gemm() on (MICROLLM_DISABLE=swiglu-gemm
+// turns it off).
 bool swiglu_gemm_available(int device);
 
 // Whether swiglu_gemm takes these operands: x [m, k], w [2n, k] = [w_gate; w_up], out [m, n]; one dtype, bf16 or

@@ -38,7 +38,7 @@
 // Where it runs: a plain product up to kMaxPlainBytes (16 MB: qkv, o and Qwen2.5-0.5B's down; past it cuBLASLt's
 // tiles stream faster). Folded, up to kMaxFoldedBytes (32 MB) and kMaxFoldedRows (2): the two kernels the fold
 // saves pay for its slower stream up to there; at m = 8 each of gate_up's CTAs would normalize all 8 rows.
-// MICROLLM_GEMV=0 (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
+// MICROLLM_DISABLE=gemv (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include <climits>
 #include <optional>

@@ -22,7 +22,7 @@ struct GemvNorm {
 
 // Runs the product with the weight-streaming GEMV and returns true when it is one the kernel takes: f16/bf16,
 // 2-D x [m, k] with 1 <= m <= 8, w [n, k] (the transposed operand of a linear layer), k % 8 == 0, unit inner
-// strides, 16-byte aligned rows, out [m, n] contiguous, and decode_gemv() on (MICROLLM_GEMV). bias (may be
+// strides, 16-byte aligned rows, out [m, n] contiguous, and decode_gemv() on (MICROLLM_DISABLE=gemv). bias (may be
 // null) has out's dtype and bias_stride elements between entries. norm (may be null): the RMSNorm folded in
 // (its tensors of x's dtype, 16-byte aligned rows, m * k small enough to stage). swiglu: w is [2n, k] =
 // [w_gate; w_up], no bias, and out [m, n] = silu(x w_gate^T) * (x w_up^T). scope (may be null: the caller's

@@ -37,7 +37,7 @@ int compute_capability(int device) {
 int max_shared_memory_optin(int device) { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device); }
 
 bool chained_launches(int device) {
-  static const bool allowed = detail::switch_from_environment("MICROLLM_PDL");
+  static const bool allowed = !detail::path_disabled(detail::FastPath::pdl);
   return allowed && cached_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 

@@ -37,7 +37,8 @@ constexpr int kMaxSplits = 8192;            // the combine kernel keeps one weig
 constexpr int64_t kMaxProjectedTokens = 2;
 constexpr int64_t kMaxStagedProjection = 64 << 10;
 constexpr int64_t kMaxStreamedProjection = 128 << 10;
-constexpr int kMaxReplicas = 8;
+// Replicated clusters a token at most (MICROLLM_ATTENTION_O_REPLICAS's limit too).
+constexpr int kMaxReplicas = detail::kMaxAttentionOReplicas;
 constexpr int kMaxClusterCtas = 16;  // sm_90's largest (non-portable) thread-block cluster
 
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
@@ -190,9 +191,9 @@ void launch_staged(const PagedArgs& a, const RopeFreq& freq, int64_t tokens, int
 
 std::atomic<int64_t> g_projected_launches{0};
 
-// MICROLLM_ATTENTION_O=0 keeps the o projection in its own kernel (an A/B switch); read once.
+// MICROLLM_DISABLE=attention-o keeps the o projection in its own kernel (an A/B switch); read once.
 bool projection_fused() {
-  static const bool on = detail::switch_from_environment("MICROLLM_ATTENTION_O");
+  static const bool on = !detail::path_disabled(detail::FastPath::attention_o);
   return on;
 }
 
@@ -205,13 +206,13 @@ bool projection_fused() {
 // compute the token's attention again and sit beside the qkv kernel's CTAs; all of them past one split, where a
 // replica repeats only the merge of a head's splits (partials read from L2). On Qwen2.5-0.5B this gives 4 replicas
 // at batch 1 and 2 at batch 2 (docs/perf/kernels.md#paged-attention: the sweeps).
-// MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (an A/B switch; read once).
+// MICROLLM_ATTENTION_O_REPLICAS=R (1..kMaxReplicas) forces R (for tests and sweeps; read once).
 // Head clusters (launch_head_clusters) pass the rows' length in elements (a kv head's part of o_in) and their
 // clusters a token, which compute the same columns.
 int64_t plan_projection(PagedArgs& a, int64_t tokens, int64_t element_bytes, int64_t max_ctas, int64_t cluster_ctas,
                         int64_t staged_budget = kMaxStagedProjection, int64_t row_elements = 0,
                         int64_t clusters_a_token = 1) {
-  static const int forced = detail::count_from_environment("MICROLLM_ATTENTION_O_REPLICAS", 1, kMaxReplicas);
+  static const int forced = detail::attention_o_replicas_from_environment();
   const int64_t row_bytes = (row_elements > 0 ? row_elements : int64_t{a.o_in}) * element_bytes;
   auto cols_for = [&](int64_t r) { return (a.hidden + cluster_ctas * r - 1) / (cluster_ctas * r); };
   int replicas = forced;
@@ -318,9 +319,10 @@ bool launch_split_projected(PagedArgs a, const RopeFreq& freq, int64_t tokens, i
 
 std::atomic<int64_t> g_token_cluster_launches{0};
 
-// MICROLLM_ATTENTION_CLUSTER=0 (read once) or set_token_clusters(false) keeps launch_token_cluster out: an A/B switch.
+// MICROLLM_DISABLE=attention-cluster (read once) or set_token_clusters(false) keeps launch_token_cluster out: an A/B
+// switch.
 std::atomic<bool>& token_clusters_flag() {
-  static std::atomic<bool> flag{detail::switch_from_environment("MICROLLM_ATTENTION_CLUSTER")};
+  static std::atomic<bool> flag{!detail::path_disabled(detail::FastPath::attention_cluster)};
   return flag;
 }
 
@@ -373,10 +375,10 @@ bool launch_token_cluster(PagedArgs a, const RopeFreq& freq, int64_t tokens, int
 
 std::atomic<int64_t> g_head_cluster_launches{0};
 
-// MICROLLM_ATTENTION_HEAD_CLUSTER=0 (read once) or set_head_clusters(false) keeps launch_head_clusters out: an A/B
-// switch.
+// MICROLLM_DISABLE=attention-head-cluster (read once) or set_head_clusters(false) keeps launch_head_clusters out: an
+// A/B switch.
 std::atomic<bool>& head_clusters_flag() {
-  static std::atomic<bool> flag{detail::switch_from_environment("MICROLLM_ATTENTION_HEAD_CLUSTER")};
+  static std::atomic<bool> flag{!detail::path_disabled(detail::FastPath::attention_head_cluster)};
   return flag;
 }
 
