@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "microllm/backend/kernel_params.h"
 #include "microllm/core/tensor.h"
 #include "microllm/ops/linear_weight.h"
+#include "microllm/ops/rope.h"
 
 namespace microllm::nn {
 struct TransformerConfig;

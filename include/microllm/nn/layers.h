@@ -9,9 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "microllm/backend/kernel_params.h"
 #include "microllm/core/random.h"
 #include "microllm/nn/module.h"
+#include "microllm/ops/attention.h"
+#include "microllm/ops/rope.h"
 
 namespace microllm::nn {
 
