@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "microllm/backend/kernel_params.h"
-#include "portability.h"
+#include "microllm/backend/portability.h"
 
 namespace microllm::math {
 

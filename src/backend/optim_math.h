@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "microllm/backend/backend.h"
+#include "microllm/backend/portability.h"
 #include "microllm/core/float_formats.h"
-#include "portability.h"
 
 namespace microllm::optim_math {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../backend/sampling_math.h"
+#include "microllm/backend/sampling_math.h"
 #include "microllm/core/error.h"
 
 namespace microllm::generate {

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "../backend/rope_math.h"
 #include "checks.h"
+#include "microllm/backend/rope_math.h"
 
 namespace microllm {
 namespace {

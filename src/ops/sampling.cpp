@@ -1,10 +1,10 @@
-// sample_tokens: checks and dispatch. The math is src/backend/sampling_math.h.
+// sample_tokens: checks and dispatch. The math is microllm/backend/sampling_math.h.
 #include "microllm/ops/sampling.h"
 
 #include <cmath>
 
-#include "../backend/sampling_math.h"
 #include "checks.h"
+#include "microllm/backend/sampling_math.h"
 
 namespace microllm {
 namespace {

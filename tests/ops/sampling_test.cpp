@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/sampling_math.h"
+#include "microllm/backend/sampling_math.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/random.h"
 #include "microllm/generate/sampler.h"

@@ -92,7 +92,7 @@ class Backend {
 
   // ---- rotary embedding (rope.*) ----
   // x is [B, T, H, D]; positions [B, T] (i32/i64; may be a stride-0 expanded view of [T]). inverse
-  // rotates by -angle (the backward). Frequencies come from src/backend/rope_math.h.
+  // rotates by -angle (the backward). Frequencies come from microllm/backend/rope_math.h.
   virtual void rope(const Tensor& x, const Tensor& positions, const RopeParams& params, bool inverse,
                     const Tensor& out) = 0;
 
@@ -175,7 +175,7 @@ class Backend {
 
   // ---- sampling (sampling.*) ----
   // The next token of every row of logits [B, V] (f32/bf16/f16, any strides) by the rule of
-  // src/backend/sampling_math.h: params f32 [B, 8], rng i64 [B, 2] (seed, offset), counts i32 [B, V] or
+  // microllm/backend/sampling_math.h: params f32 [B, 8], rng i64 [B, 2] (seed, offset), counts i32 [B, V] or
   // undefined (no penalties), bias f32 [B, V] or undefined (no logit bias; a row reads its bias only when its
   // params' kLogitBias column is 1); out i32 [B]. Updates the state on the device: offset += 1 and, when
   // counts is defined, counts[b, out[b]] += 1. Any strides for every tensor (narrowed views of bigger state).

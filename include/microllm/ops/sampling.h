@@ -2,7 +2,7 @@
 // per-row random counters kept on that device: only the B chosen ids need to reach the host, and a call needs
 // no host-side scalars per step (so it can be captured in a CUDA graph).
 //
-// The rule (the one of generate::Sampler, defined in src/backend/sampling_math.h): the row's logit bias, then
+// The rule (the one of generate::Sampler, defined in microllm/backend/sampling_math.h): the row's logit bias, then
 // penalties from the counts;
 // candidates by logit descending (ties: lower id first); temperature 0 takes the first; otherwise top-k, the
 // softmax at the temperature (as integer weights trunc(2^31 exp((x - max) / T))), min-p relative to the

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <vector>
 
-#include "../rope_math.h"
 #include "cpu_backend.h"
 #include "dispatch.h"
+#include "microllm/backend/rope_math.h"
 
 namespace microllm {
 

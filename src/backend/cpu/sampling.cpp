@@ -5,9 +5,9 @@
 // that a caller's wrong promise fails here as it would on CUDA instead of passing on the CPU only.
 #include <vector>
 
-#include "../sampling_math.h"
 #include "cpu_backend.h"
 #include "dispatch.h"
+#include "microllm/backend/sampling_math.h"
 
 namespace microllm {
 

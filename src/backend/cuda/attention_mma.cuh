@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../portability.h"
+#include "microllm/backend/portability.h"
 
 namespace microllm::cuda_kernels::attn {
 

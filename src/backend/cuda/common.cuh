@@ -16,7 +16,7 @@
 
 #include "../../core/cuda/cuda_check.h"
 #include "../../core/merge_dims.h"
-#include "../portability.h"
+#include "microllm/backend/portability.h"
 #include "microllm/core/tensor.h"
 
 namespace microllm::cuda_kernels {

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "../rope_math.h"
 #include "common.cuh"
+#include "microllm/backend/rope_math.h"
 
 namespace microllm::cuda_kernels::rotary {
 

@@ -1,4 +1,4 @@
-// CUDA sampling: the rule of ../sampling_math.h on the device, with no host wait.
+// CUDA sampling: the rule of microllm/backend/sampling_math.h on the device, with no host wait.
 //   1. max (a block per row and vocabulary chunk): each chunk's first maximum of the adjusted logits (bias and
 //      penalties). A grid of (rows x chunks) sized to fill the GPU reads the vocabulary once, in parallel (one
 //      block per row would be a chain of dependent loads a thread; docs/perf/kernels.md#sampling).
@@ -18,9 +18,9 @@
 #include <algorithm>
 
 #include "../../core/cuda/device_errors.h"
-#include "../sampling_math.h"
 #include "common.cuh"
 #include "cuda_backend.h"
+#include "microllm/backend/sampling_math.h"
 #include "op_scope.h"
 
 namespace microllm {

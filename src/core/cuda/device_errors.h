@@ -11,8 +11,6 @@
 
 #include <cstdint>
 
-#include "../../backend/portability.h"
-
 namespace microllm::detail {
 
 enum class DeviceErrorCode : uint8_t {

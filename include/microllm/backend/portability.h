@@ -1,5 +1,6 @@
-// The thin layer between kernels and the vendor toolchain (internal header). Kernels spell
-// host/device functions MICROLLM_HD, so the same formulas compile for the CPU, CUDA and (later) HIP.
+// The thin layer between kernels and the vendor toolchain: the backend layer's math headers (rope_math.h,
+// sampling_math.h) and its kernels spell host/device functions MICROLLM_HD, so the same formulas compile for the
+// CPU, CUDA and (later) HIP.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__HIPCC__)

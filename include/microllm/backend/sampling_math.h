@@ -1,6 +1,8 @@
-// The next token of one row of logits (internal header): the one definition of the sampler's math, used by
-// the host Sampler (generate/sampler.cpp), the CPU kernel (cpu/sampling.cpp) and the CUDA kernels
-// (cuda/sampling.cu), so every device picks the same id from the same logits, parameters and counter.
+// The next token of one row of logits: the one definition of the sampler's math, used by the host Sampler
+// (src/generate/sampler.cpp), the CPU kernel (src/backend/cpu/sampling.cpp) and the CUDA kernels
+// (src/backend/cuda/sampling.cu), so every device picks the same id from the same logits, parameters and
+// counter. A host file that computes the weights must be compiled with -ffp-contract=off (src/CMakeLists.txt),
+// so that no a * b + c is fused into an FMA the device's _rn intrinsics do not make.
 //
 // The rule (sample_row below is the readable reference):
 //   1. bias and penalties: a row with a logit bias adds it first (x = x + bias[v], OpenAI's logit_bias); then
@@ -26,7 +28,7 @@
 #include <span>
 #include <vector>
 
-#include "portability.h"
+#include "microllm/backend/portability.h"
 
 namespace microllm::sampling {
 

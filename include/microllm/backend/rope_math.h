@@ -1,5 +1,6 @@
-// The inverse frequencies of rotary embeddings, with Hugging Face's rope scaling (internal header).
-// Every backend takes its frequencies from here, so CPU and CUDA rotate by the same angles.
+// The inverse frequencies of rotary embeddings, with Hugging Face's rope scaling. Every backend takes its
+// frequencies from here, so CPU and CUDA rotate by the same angles; rope_inv_freq (microllm/ops/rope.h) returns
+// them.
 #pragma once
 
 #include <cmath>
