@@ -2,6 +2,7 @@
 #pragma once
 
 #include "microllm/backend/backend.h"
+#include "microllm/backend/fusions.h"
 #include "microllm/core/device.h"
 #include "microllm/core/dtype.h"
 #include "microllm/core/error.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "checks.h"
+#include "microllm/backend/fusions.h"
 
 namespace microllm {
 
@@ -45,7 +46,7 @@ NormLinearResult rms_norm_linear(const Tensor& x, const Tensor& residual, const 
   NormLinearResult result;
   const Tensor out = Tensor::empty({rows, n}, x.dtype(), x.device());
   const Tensor h = residual.defined() ? Tensor::empty({rows, k}, x.dtype(), x.device()) : Tensor();
-  backend_for(x.device())
+  fusions_for(x.device())
       .rms_norm_linear(x.reshape({rows, k}), residual.defined() ? residual.reshape({rows, k}) : Tensor(), norm_weight,
                        eps, weight, bias, swiglu, out, h);
   result.out = out.view(out_shape);
@@ -54,7 +55,7 @@ NormLinearResult rms_norm_linear(const Tensor& x, const Tensor& residual, const 
 }
 
 bool rms_norm_linear_folds(int64_t rows, const Tensor& weight, bool swiglu) {
-  return backend_for(weight.device()).folds_rms_norm_linear(rows, weight, swiglu);
+  return fusions_for(weight.device()).folds_rms_norm_linear(rows, weight, swiglu);
 }
 
 }  // namespace microllm

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "checks.h"
+#include "microllm/backend/fusions.h"
 #include "microllm/ops/rope.h"
 
 namespace microllm {
@@ -154,7 +155,7 @@ void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  backend_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
+  fusions_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
                                                  positions, s, context, out);
 }
 
@@ -189,7 +190,7 @@ void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Te
   check_new_kv(op, q, k, v, k_pool, rope, slots);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  backend_for(q.device())
+  fusions_for(q.device())
       .paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, s,
                                         context, o_weight, addend.defined() ? addend.contiguous() : Tensor(), out);
 }
@@ -221,7 +222,7 @@ std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, 
   Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
   if (q.numel() > 0) {
-    backend_for(q.device()).paged_rope_kv_write(q, k, v, pos, rope, k_pool, v_pool, slots, q_out, k_out);
+    fusions_for(q.device()).paged_rope_kv_write(q, k, v, pos, rope, k_pool, v_pool, slots, q_out, k_out);
   }
   return {q_out, k_out};
 }

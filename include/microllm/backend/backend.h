@@ -1,5 +1,6 @@
-// The one list of kernels. Every backend implements every entry: a backend that forgets one does not
-// compile. A kernel that lacks a dtype throws NotSupportedError ("rms_norm has no CUDA kernel for f16").
+// The one list of primitive kernels. Every backend implements every entry: a backend that forgets one does not
+// compile. A kernel that lacks a dtype throws NotSupportedError ("rms_norm has no CUDA kernel for f16"). Kernels
+// that fuse several primitives are a table of their own, each defaulting to its composition: fusions.h.
 //
 // The contract between ops and kernels: ops (src/ops/) have already checked shapes, dtypes and devices,
 // broadcast inputs with expand() where the op broadcasts, and allocated the outputs (contiguous, on the
@@ -65,12 +66,6 @@ class Backend {
   // be undefined) is contiguous in out's shape (the residual add of linear_add).
   virtual void matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b, const Tensor& bias,
                       const Tensor& addend, const Tensor& out) = 0;
-  // The MLP's input half after its RMSNorm: out [M, N] = swiglu(x @ w_gate^T + b_gate, x @ w_up^T + b_up) with
-  // weight [2N, K] = [w_gate; w_up], x [M, K], bias [2N] or undefined, out [M, N] contiguous (rms_norm_linear's last
-  // step). The default is matmul into [M, 2N], then swiglu of its two halves; CUDA runs one Hopper GEMM with SwiGLU
-  // in its epilogue at prefill size (src/backend/cuda/gemm_swiglu_sm90.cu).
-  virtual void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
-
   // ---- normalization (norm.*) ----
   // h = round(x (+ residual)); out = round(weight * round(h * rsqrt(mean(h^2) + eps))) with round() to
   // x's dtype (Hugging Face's order). residual and h_out may be undefined (no residual); rstd_out (one per
@@ -79,16 +74,6 @@ class Backend {
                         const Tensor& h_out, const Tensor& rstd_out) = 0;
   virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
                                  const Tensor& grad_h, const Tensor& grad_weight) = 0;
-
-  // rms_norm_linear (ops/norm_linear.h) on rows: x [M, K], residual [M, K] or undefined, out [M, N] contiguous,
-  // h_out [M, K] (undefined without a residual). The default is the composition of this backend's rms_norm and
-  // matmul or linear_swiglu (the reference); CUDA folds all three into its decode GEMV when M <= 8.
-  virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                               const Tensor& h_out);
-  // Whether rms_norm_linear over `rows` rows with this weight runs as one kernel (CUDA's decode GEMV): then a
-  // residual added there costs nothing extra. The default composition never folds.
-  virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const;
 
   // ---- rotary embedding (rope.*) ----
   // x is [B, T, H, D]; positions [B, T] (i32/i64; may be a stride-0 expanded view of [T]). inverse
@@ -136,26 +121,6 @@ class Backend {
   virtual void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                double scale, int64_t max_context, const Tensor& out) = 0;
-  // paged_decode_attention (ops/paged_attention.h): rope on q and k at positions, k and v written at slots,
-  // then paged_attention. The default is that composition of this backend's ops (the reference); CUDA fuses.
-  virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
-                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                      double scale, int64_t max_context, const Tensor& out);
-  // paged_decode_attention_projected (ops/paged_attention.h): paged_decode_attention into a [N, Hq, D]
-  // temporary, then out [N, hidden] = addend + temporary @ o_weight^T (matmul with the addend; addend may be
-  // undefined). The default is that composition of this backend's ops (the reference); CUDA fuses.
-  virtual void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
-                                                const Tensor& slots, const Tensor& block_tables, const Tensor& seq_ids,
-                                                const Tensor& positions, double scale, int64_t max_context,
-                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out);
-  // paged_rope_kv_write (ops/paged_attention.h): q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]),
-  // then k_out and v written at slots [B * T]; positions [B, T]. The default is that composition of this
-  // backend's ops (the reference); CUDA fuses.
-  virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
-                                   const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
-                                   const Tensor& slots, const Tensor& q_out, const Tensor& k_out);
   // paged_decode_advance (ops/paged_attention.h); ids, outbox and counter all undefined: no hand-over.
   virtual void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
                                     const Tensor& ids, const Tensor& outbox, const Tensor& counter) = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "microllm/backend/backend.h"
+#include "microllm/backend/fusions.h"
 
 namespace microllm {
 
@@ -11,8 +12,7 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
 
   void unary(UnaryOp op, const Tensor& x, double alpha, const Tensor& out) override;
-  void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out,
-                      const Tensor& grad_x) override;
+  void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out, const Tensor& grad_x) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
 
@@ -44,19 +44,15 @@ class CpuBackend final : public Backend {
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const AttentionParams& params,
                  const Tensor& out, const Tensor& lse) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                          const AttentionParams& params, const Tensor& out, const Tensor& lse,
-                          const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
-                          const Tensor& grad_v) override;
+                          const AttentionParams& params, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                          const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
 
   void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
                       const Tensor& slots) override;
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                        const Tensor& out) override;
-  void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                              const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
-                              const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out) override;
+
   void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
                             const Tensor& outbox, const Tensor& counter) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
@@ -75,6 +71,17 @@ class CpuBackend final : public Backend {
                 const std::vector<Tensor>& momentum_buffer, const std::vector<double>& weight_decay,
                 const Tensor& grad_scale, const SgdStep& step) override;
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override;
+};
+
+// The CPU's one fused entry: paged_decode_attention checks the contract the fused CUDA kernel relies on (one row a
+// sequence, each real row's slot at its position, padding writing nothing), then runs the composition.
+class CpuFusions final : public Fusions {
+ public:
+  using Fusions::Fusions;
+  void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                              const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                              const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
+                              int64_t max_context, const Tensor& out) override;
 };
 
 }  // namespace microllm

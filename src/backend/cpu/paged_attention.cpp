@@ -147,10 +147,10 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
   });
 }
 
-// The reference is the composition (Backend's default); first the contract the fused CUDA kernel relies on:
+// The reference is the composition (Fusions' default); first the contract the fused CUDA kernel relies on:
 // each real row's slot is its position's slot in its sequence's blocks, one row per sequence, and padding
 // rows write nothing.
-void CpuBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+void CpuFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                         double scale, int64_t max_context, const Tensor& out) {
@@ -177,7 +177,7 @@ void CpuBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const 
     MICROLLM_CHECK(slot == expected, IndexError, op, "slots[", n, "] = ", slot, " is not the slot of position ", pos,
                    " of sequence ", seq, ", which block_tables puts at ", expected);
   }
-  Backend::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+  Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
                                   max_context, out);
 }
 

@@ -18,4 +18,15 @@ Backend& cuda_backend(int device) {
   return *slot;
 }
 
+Fusions& cuda_fusions(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::unique_ptr<CudaFusions>, kMaxDevices> fusions;
+  static std::mutex mutex;
+  Backend& primitives = cuda_backend(device);  // checks the device
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = fusions[static_cast<size_t>(device)];
+  if (!slot) slot = std::make_unique<CudaFusions>(primitives, device);
+  return *slot;
+}
+
 }  // namespace microllm

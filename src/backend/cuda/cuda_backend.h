@@ -4,6 +4,7 @@
 #pragma once
 
 #include "microllm/backend/backend.h"
+#include "microllm/backend/fusions.h"
 
 namespace microllm {
 
@@ -14,8 +15,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
 
   void unary(UnaryOp op, const Tensor& x, double alpha, const Tensor& out) override;
-  void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out,
-                      const Tensor& grad_x) override;
+  void unary_backward(UnaryOp op, const Tensor& x, double alpha, const Tensor& grad_out, const Tensor& grad_x) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
 
@@ -47,33 +47,15 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const AttentionParams& params,
                  const Tensor& out, const Tensor& lse) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                          const AttentionParams& params, const Tensor& out, const Tensor& lse,
-                          const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
-                          const Tensor& grad_v) override;
-
-  void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
-  bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const override;
-  void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                       const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                       const Tensor& h_out) override;
+                          const AttentionParams& params, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                          const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
 
   void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k, const Tensor& v,
                       const Tensor& slots) override;
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
                        const Tensor& out) override;
-  void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                              const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
-                              const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out) override;
-  void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                                        const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
-                                        const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                        double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                        const Tensor& out) override;
-  void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
-                           const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
-                           const Tensor& q_out, const Tensor& k_out) override;
+
   void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
                             const Tensor& outbox, const Tensor& counter) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
@@ -92,6 +74,35 @@ class CudaBackend final : public Backend {
                 const std::vector<Tensor>& momentum_buffer, const std::vector<double>& weight_decay,
                 const Tensor& grad_scale, const SgdStep& step) override;
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override;
+
+ private:
+  int device_;
+};
+
+// The CUDA fusions of one device: each entry defined in the .cu file of its kernel (gemm_swiglu_sm90.cu, gemv.cu,
+// paged_attention.cu, paged_prefill.cu), falling back to the composition (Fusions') where its kernel declines the
+// shapes.
+class CudaFusions final : public Fusions {
+ public:
+  CudaFusions(Backend& primitives, int device) : Fusions(primitives), device_(device) {}
+
+  void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
+  bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const override;
+  void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                       const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                       const Tensor& h_out) override;
+  void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                              const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                              const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
+                              int64_t max_context, const Tensor& out) override;
+  void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                        const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                        const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                        double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                        const Tensor& out) override;
+  void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                           const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                           const Tensor& q_out, const Tensor& k_out) override;
 
  private:
   int device_;

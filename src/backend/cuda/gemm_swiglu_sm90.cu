@@ -331,14 +331,14 @@ namespace microllm {
 
 // At prefill size (swiglu_gemm_pays) and where the kernel takes the operands, one Hopper GEMM with SwiGLU in its
 // epilogue; elsewhere (and with a bias) the default composition: cuBLASLt's product, then the swiglu kernel.
-void CudaBackend::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+void CudaFusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   if (!bias.defined() && cuda_kernels::swiglu_gemm_pays(x.size(0)) && cuda_kernels::swiglu_gemm_takes(x, weight, out)) {
     const cuda_kernels::OpScope scope("swiglu_gemm", device_, detail::current_cuda_stream(device_));
     const cuda_kernels::Launch launch(out);
     cuda_kernels::swiglu_gemm(x, weight, out, launch.stream);
     return;
   }
-  Backend::linear_swiglu(x, weight, bias, out);
+  Fusions::linear_swiglu(x, weight, bias, out);
 }
 
 }  // namespace microllm

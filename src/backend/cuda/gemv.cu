@@ -486,13 +486,13 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 namespace microllm {
 
 // try_decode_gemv's folded case by shape (its layout conditions hold for the model's tensors).
-bool CudaBackend::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
+bool CudaFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
   return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
 }
 
 // The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition (whose
 // linear_swiglu runs the Hopper SwiGLU GEMM at prefill size: gemm_swiglu_sm90.cu).
-void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+void CudaFusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
                                   const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
                                   const Tensor& h_out) {
   {
@@ -505,7 +505,7 @@ void CudaBackend::rms_norm_linear(const Tensor& x, const Tensor& residual, const
     }
   }
   // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and swiglu or swiglu_gemm).
-  Backend::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
+  Fusions::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
 }
 
 }  // namespace microllm

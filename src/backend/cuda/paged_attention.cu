@@ -561,14 +561,14 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   });
 }
 
-void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+void CudaFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                          const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                          const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                          double scale, int64_t max_context, const Tensor& out) {
   namespace pg = paged;
   const int64_t tokens = q.size(0), dim = q.size(2);
   if (!pg::staged_fits(q, k_pool, v_pool, max_context)) {  // the separate ops, one after the other
-    Backend::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+    Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
                                     max_context, out);
     return;
   }
@@ -590,7 +590,7 @@ void CudaBackend::paged_decode_attention(const Tensor& q, const Tensor& k, const
 
 // One kernel where launch_projected takes the shapes (16-bit weights in 16-byte aligned rows); otherwise the
 // composition: paged_decode_attention, then the decode GEMV or cuBLASLt with the addend.
-void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
                                                    const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
                                                    const Tensor& slots, const Tensor& block_tables,
                                                    const Tensor& seq_ids, const Tensor& positions, double scale,
@@ -629,7 +629,7 @@ void CudaBackend::paged_decode_attention_projected(const Tensor& q, const Tensor
     }
     if (launched) return;
   }
-  Backend::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
+  Fusions::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
                                             scale, max_context, o_weight, addend, out);
 }
 

@@ -135,12 +135,12 @@ bool fused_fits(const Tensor& q, const Tensor& k, const Tensor& v, const RopePar
 
 using namespace cuda_kernels;
 
-void CudaBackend::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+void CudaFusions::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                                       const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
                                       const Tensor& slots, const Tensor& q_out, const Tensor& k_out) {
   namespace pp = paged_prefill;
   if (!pp::fused_fits(q, k, v, rope, k_pool, v_pool)) {
-    return Backend::paged_rope_kv_write(q, k, v, positions, rope, k_pool, v_pool, slots, q_out, k_out);
+    return Fusions::paged_rope_kv_write(q, k, v, positions, rope, k_pool, v_pool, slots, q_out, k_out);
   }
   OpScope scope("paged_rope_kv_write", device_, detail::current_cuda_stream(device_));
   Launch launch(q_out);

@@ -1,0 +1,66 @@
+// Kernels that fuse several primitives into one, kept apart from the primitives (backend.h) as MLX keeps its
+// fast:: ops and candle its CustomOps. Each entry is defined by its composition of the device's primitives,
+// which is the default here (src/backend/fusions.cpp): the reference its fused kernel is tested against
+// (tests/ops/norm_linear_test.cpp, paged_attention_test.cpp, gemm_swiglu_cuda_test.cpp), and what runs wherever
+// no fused kernel takes the call. A device overrides the entries it fuses: CUDA all of them (the decode GEMV, the
+// Hopper SwiGLU GEMM, the paged decode and prefill kernels: src/backend/cuda/), the CPU paged_decode_attention
+// (the contract checks the fused CUDA kernel relies on, then the composition). Inference only: no backward.
+//
+// The contract is the primitives': ops (src/ops/) have checked shapes, dtypes and devices and allocated the
+// outputs; inputs may be strided views; kernels write every element of every output.
+#pragma once
+
+#include "microllm/backend/backend.h"
+
+namespace microllm {
+
+class Fusions {
+ public:
+  explicit Fusions(Backend& primitives) : primitives_(primitives) {}
+  virtual ~Fusions() = default;
+  Fusions(const Fusions&) = delete;
+  Fusions& operator=(const Fusions&) = delete;
+
+  // ---- linear layers (ops/norm_linear.h) ----
+  // The MLP's input half after its RMSNorm: out [M, N] = swiglu(x @ w_gate^T + b_gate, x @ w_up^T + b_up) with
+  // weight [2N, K] = [w_gate; w_up], x [M, K], bias [2N] or undefined, out [M, N] contiguous (rms_norm_linear's last
+  // step). Composition: matmul into [M, 2N], then swiglu of its two halves. CUDA: one Hopper GEMM with SwiGLU in its
+  // epilogue at prefill size (gemm_swiglu_sm90.cu).
+  virtual void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
+  // rms_norm_linear on rows: x [M, K], residual [M, K] or undefined, out [M, N] contiguous, h_out [M, K] (undefined
+  // without a residual). Composition: rms_norm, then matmul (or linear_swiglu with swiglu). CUDA: the decode GEMV
+  // with all three folded in when M <= 8 (gemv.cu).
+  virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                               const Tensor& h_out);
+  // Whether rms_norm_linear over `rows` rows with this weight runs as one kernel: then a residual added there costs
+  // nothing extra. The composition never folds.
+  virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const;
+
+  // ---- the paged KV cache (ops/paged_attention.h) ----
+  // paged_decode_attention: rope on q and k at positions, k and v written at slots, then paged_attention.
+  virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
+                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                      double scale, int64_t max_context, const Tensor& out);
+  // paged_decode_attention_projected: paged_decode_attention into a [N, Hq, D] temporary, then out [N, hidden] =
+  // addend + temporary @ o_weight^T (matmul with the addend; addend may be undefined).
+  virtual void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
+                                                const Tensor& slots, const Tensor& block_tables, const Tensor& seq_ids,
+                                                const Tensor& positions, double scale, int64_t max_context,
+                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out);
+  // paged_rope_kv_write: q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]), then k_out and v written at
+  // slots [B * T]; positions [B, T].
+  virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                   const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
+                                   const Tensor& slots, const Tensor& q_out, const Tensor& k_out);
+
+ protected:
+  Backend& primitives_;  // the same device's
+};
+
+// The fusions of `device` (CPU or CUDA), beside backend_for(device)'s primitives.
+Fusions& fusions_for(Device device);
+
+}  // namespace microllm

@@ -1,0 +1,85 @@
+// The fusions' definitions: each the composition of the device's primitives (fusions.h).
+#include "microllm/backend/fusions.h"
+
+#include "cpu/cpu_backend.h"
+
+namespace microllm {
+
+#ifdef MICROLLM_WITH_CUDA
+Fusions& cuda_fusions(int device);  // src/backend/cuda/cuda_backend.cpp
+#endif
+
+bool Fusions::folds_rms_norm_linear(int64_t, const Tensor&, bool) const { return false; }
+
+void Fusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
+                              const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
+                              const Tensor& h_out) {
+  const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
+  primitives_.rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
+  if (swiglu) {
+    linear_swiglu(normed, weight, bias, out);
+  } else {
+    primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
+  }
+}
+
+void Fusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
+  const int64_t n = out.size(1);
+  const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
+  primitives_.matmul(x, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
+  primitives_.swiglu(gate_up.narrow(1, 0, n), gate_up.narrow(1, n, n), out);
+}
+
+void Fusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope_params,
+                                     const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
+                                     const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
+                                     double scale, int64_t max_context, const Tensor& out) {
+  // rope takes [B, T, H, D] with positions [B, T]: the N tokens as N sequences of one.
+  const Tensor pos = positions.unsqueeze(1);
+  const Tensor q_rot = Tensor::empty({q.size(0), 1, q.size(1), q.size(2)}, q.dtype(), q.device());
+  const Tensor k_rot = Tensor::empty({k.size(0), 1, k.size(1), k.size(2)}, k.dtype(), k.device());
+  primitives_.rope(q.unsqueeze(1), pos, rope_params, /*inverse=*/false, q_rot);
+  primitives_.rope(k.unsqueeze(1), pos, rope_params, /*inverse=*/false, k_rot);
+  primitives_.paged_kv_write(k_pool, v_pool, k_rot.select(1, 0), v, slots);
+  primitives_.paged_attention(q_rot.select(1, 0), k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+                              out);
+}
+
+void Fusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const RopeParams& rope_params, const Tensor& k_pool,
+                                               const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
+                                               const Tensor& seq_ids, const Tensor& positions, double scale,
+                                               int64_t max_context, const Tensor& o_weight, const Tensor& addend,
+                                               const Tensor& out) {
+  const Tensor attention = Tensor::empty(q.shape(), q.dtype(), q.device());
+  paged_decode_attention(q, k, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
+                         max_context, attention);
+  primitives_.matmul(attention.reshape({q.size(0), q.size(1) * q.size(2)}), o_weight, /*transpose_a=*/false,
+                     /*transpose_b=*/true, Tensor(), addend, out);
+}
+
+void Fusions::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
+                                  const RopeParams& rope_params, const Tensor& k_pool, const Tensor& v_pool,
+                                  const Tensor& slots, const Tensor& q_out, const Tensor& k_out) {
+  primitives_.rope(q, positions, rope_params, /*inverse=*/false, q_out);
+  primitives_.rope(k, positions, rope_params, /*inverse=*/false, k_out);
+  const int64_t rows = k.size(0) * k.size(1);
+  primitives_.paged_kv_write(k_pool, v_pool, k_out.reshape({rows, k.size(2), k.size(3)}),
+                             v.reshape({rows, v.size(2), v.size(3)}), slots);
+}
+
+Fusions& fusions_for(Device device) {
+  Backend& primitives = backend_for(device);  // NotSupportedError for a device this build lacks
+  if (device.is_cpu()) {
+    static CpuFusions fusions(primitives);
+    return fusions;
+  }
+#ifdef MICROLLM_WITH_CUDA
+  return cuda_fusions(device.index);
+#else
+  throw NotSupportedError("backend", str_cat("no fusions for ", device));
+#endif
+}
+
+}  // namespace microllm
