@@ -18,12 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 TEST(CliCommands, VersionAndAnUnknownCommand) {
   const fs::path bin = testing::microllm_binary();
   if (!fs::exists(bin)) GTEST_SKIP() << bin << " is not built (cmake --build ... --target microllm_app)";
@@ -55,7 +49,7 @@ TEST(CliCommands, ChatSkipsALineThatIsNotUtf8) {
                                           out);
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("[chat] line 2 is not UTF-8 (byte 5 of it"), std::string::npos) << out;
-  EXPECT_EQ(count_of(out, "[chat] prompt "), 2u) << "a reply to lines 1 and 3: " << out;
+  EXPECT_EQ(testing::count_of(out, "[chat] prompt "), 2u) << "a reply to lines 1 and 3: " << out;
 }
 
 }  // namespace

@@ -27,12 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 class TrainCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -128,10 +122,10 @@ TEST_F(TrainCli, WarnsOnceOnStderrWhenTheWarmupOutlastsTheSteps) {
             0)
       << out;
   const std::string err = io::read_text_file(path("stderr.txt"));
-  EXPECT_EQ(count_of(err, "warning: train: steps 2 is fewer than warmup_steps 7"), 1u) << err;
-  EXPECT_EQ(count_of(out, "warning:"), 0u) << "the warning goes to stderr only: " << out;
+  EXPECT_EQ(testing::count_of(err, "warning: train: steps 2 is fewer than warmup_steps 7"), 1u) << err;
+  EXPECT_EQ(testing::count_of(out, "warning:"), 0u) << "the warning goes to stderr only: " << out;
   const std::string quiet = train("quiet", "", 2, 2);
-  EXPECT_EQ(count_of(quiet, "warning:"), 0u) << quiet;
+  EXPECT_EQ(testing::count_of(quiet, "warning:"), 0u) << quiet;
 }
 
 // Ctrl-C: the run saves a checkpoint after the current step and exits with 128 + SIGINT. The signal is sent
