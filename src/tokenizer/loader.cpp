@@ -302,10 +302,26 @@ std::shared_ptr<TokenizerImpl> load_bpe_files(const std::string& vocab_path, con
   return build_from_bpe_files(vocab_path, merges_path, nullptr);
 }
 
+// SentencePiece's binary model, which only its own library reads: refused with the way to convert it.
+[[noreturn]] void refuse_sentencepiece_model(const std::string& where, const std::string& folder) {
+  throw NotSupportedError(
+      "tokenizer",
+      str_cat(where,
+              ": SentencePiece's tokenizer.model is not read here, only tokenizer.json (Hugging Face tokenizers); "
+              "convert it once with transformers (and the sentencepiece and protobuf packages), which writes "
+              "tokenizer.json beside it: python3 -c \"from transformers import AutoTokenizer; "
+              "AutoTokenizer.from_pretrained('",
+              folder, "').save_pretrained('", folder, "')\""));
+}
+
 std::shared_ptr<TokenizerImpl> load_tokenizer(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
-  if (fs::is_regular_file(p, ec)) return parse_tokenizer_json(read_text_file(path), path);
+  if (fs::is_regular_file(p, ec)) {
+    if (p.extension() == ".model")
+      refuse_sentencepiece_model(path, p.parent_path().empty() ? "." : p.parent_path().string());
+    return parse_tokenizer_json(read_text_file(path), path);
+  }
   if (!fs::is_directory(p, ec)) throw IoError("tokenizer", str_cat(path, ": no such file or directory"));
 
   const std::optional<Config> config = read_config(p);
@@ -322,6 +338,8 @@ std::shared_ptr<TokenizerImpl> load_tokenizer(const std::string& path) {
       }
     }
   }
+  if (!impl && fs::is_regular_file(p / "tokenizer.model"))
+    refuse_sentencepiece_model(path + " has only tokenizer.model", path);
   if (!impl) {
     throw IoError("tokenizer",
                   str_cat(path, ": has no tokenizer.json, vocab.json + merges.txt, or encoder.json + vocab.bpe"));

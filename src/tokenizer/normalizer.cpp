@@ -67,17 +67,7 @@ class Prepend final : public Normalizer {
 class Replace final : public Normalizer {
  public:
   Replace(std::string_view pattern, std::string content) : regex_(pattern), content_(std::move(content)) {}
-  void normalize(std::string& text) const override {
-    std::string out;
-    size_t copied = 0;
-    for (const auto& [start, end] : regex_.find_all(text)) {
-      out.append(text, copied, start - copied);
-      out += content_;
-      copied = end;
-    }
-    out.append(text, copied, std::string::npos);
-    text = std::move(out);
-  }
+  void normalize(std::string& text) const override { text = regex_.replace_all(text, content_); }
 
  private:
   Regex regex_;

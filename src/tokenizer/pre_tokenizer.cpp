@@ -109,13 +109,13 @@ std::vector<std::pair<Span, bool>> char_matches(std::string_view text, Predicate
   return out;
 }
 
-void split_pieces(std::vector<std::string>& pieces, Behavior behavior,
+void split_pieces(std::vector<PreToken>& pieces, Behavior behavior,
                   const std::function<std::vector<std::pair<Span, bool>>(std::string_view)>& find) {
-  std::vector<std::string> out;
+  std::vector<PreToken> out;
   out.reserve(pieces.size());
-  for (const std::string& piece : pieces) {
-    for (const auto& [start, end] : apply_behavior(find(piece), behavior)) {
-      if (end > start) out.emplace_back(piece, start, end - start);
+  for (const PreToken& piece : pieces) {
+    for (const auto& [start, end] : apply_behavior(find(piece.text), behavior)) {
+      if (end > start) out.push_back({piece.text.substr(start, end - start), piece.at_text_start && start == 0});
     }
   }
   pieces = std::move(out);
@@ -125,7 +125,7 @@ class Split final : public PreTokenizer {
  public:
   Split(std::string_view pattern, Behavior behavior, bool invert)
       : regex_(pattern), behavior_(behavior), invert_(invert) {}
-  void pre_tokenize(std::vector<std::string>& pieces) const override {
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
     split_pieces(pieces, behavior_, [this](std::string_view t) { return regex_matches(regex_, t, invert_); });
   }
 
@@ -140,20 +140,20 @@ class ByteLevel final : public PreTokenizer {
   ByteLevel(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
     if (use_regex) regex_ = std::make_unique<Regex>(kGpt2Pattern);
   }
-  void pre_tokenize(std::vector<std::string>& pieces) const override {
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
     if (add_prefix_space_) {
-      for (std::string& p : pieces) {
-        if (p.empty() || p[0] != ' ') p = " " + p;
+      for (PreToken& p : pieces) {
+        if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, 1, ' ');
       }
     }
     if (regex_) {
       split_pieces(pieces, Behavior::isolated, [this](std::string_view t) { return regex_matches(*regex_, t, false); });
     }
-    for (std::string& p : pieces) {
+    for (PreToken& p : pieces) {
       std::string mapped;
-      mapped.reserve(p.size() * 2);
-      byte_level_encode(p, mapped);
-      p = std::move(mapped);
+      mapped.reserve(p.text.size() * 2);
+      byte_level_encode(p.text, mapped);
+      p.text = std::move(mapped);
     }
   }
 
@@ -165,7 +165,7 @@ class ByteLevel final : public PreTokenizer {
 class Digits final : public PreTokenizer {
  public:
   explicit Digits(bool individual) : individual_(individual), numeric_("\\p{N}") {}
-  void pre_tokenize(std::vector<std::string>& pieces) const override {
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
     split_pieces(pieces, individual_ ? Behavior::isolated : Behavior::contiguous, [this](std::string_view t) {
       return char_matches(t, [this](char32_t c) {
         std::string s;
@@ -182,15 +182,51 @@ class Digits final : public PreTokenizer {
 
 class WhitespaceSplit final : public PreTokenizer {
  public:
-  void pre_tokenize(std::vector<std::string>& pieces) const override {
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
     split_pieces(pieces, Behavior::removed, [](std::string_view t) { return char_matches(t, is_rust_whitespace); });
   }
+};
+
+// SentencePiece's convention: every space becomes the replacement character ("▁"), one is put in front of
+// the piece (always, or only at the start of the text), and with `split` the piece is cut before each one.
+class Metaspace final : public PreTokenizer {
+ public:
+  explicit Metaspace(MetaspaceOptions options) : options_(std::move(options)) {
+    size_t i = 0;
+    replacement_char_ = utf8_next(options_.replacement, i);
+  }
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
+    for (PreToken& p : pieces) {
+      std::string replaced;
+      replaced.reserve(p.text.size() + 3 * 4);
+      for (const char c : p.text) {
+        if (c == ' ')
+          replaced += options_.replacement;
+        else
+          replaced += c;
+      }
+      const bool prepend = !replaced.empty() && replaced.rfind(options_.replacement, 0) != 0 &&
+                           (options_.prepend_scheme == PrependScheme::always ||
+                            (options_.prepend_scheme == PrependScheme::first && p.at_text_start));
+      if (prepend) replaced.insert(0, options_.replacement);
+      p.text = std::move(replaced);
+    }
+    if (options_.split) {
+      split_pieces(pieces, Behavior::merged_with_next, [this](std::string_view t) {
+        return char_matches(t, [this](char32_t c) { return c == replacement_char_; });
+      });
+    }
+  }
+
+ private:
+  MetaspaceOptions options_;
+  char32_t replacement_char_;
 };
 
 class Sequence final : public PreTokenizer {
  public:
   explicit Sequence(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
-  void pre_tokenize(std::vector<std::string>& pieces) const override {
+  void pre_tokenize(std::vector<PreToken>& pieces) const override {
     for (const auto& p : parts_) p->pre_tokenize(pieces);
   }
 
@@ -210,6 +246,31 @@ Behavior parse_behavior(const JsonView& json) {
 }
 
 }  // namespace
+
+MetaspaceOptions parse_metaspace_options(const JsonView& json) {
+  MetaspaceOptions options;
+  const JsonView replacement = json.at("replacement");
+  options.replacement = replacement.as_string();
+  if (options.replacement.empty() || utf8_sequence_length(options.replacement, 0) != options.replacement.size())
+    replacement.fail(str_cat("is not one character ('", options.replacement, "')"));
+  if (const auto scheme = json.find("prepend_scheme")) {
+    const std::string& name = scheme->as_string();
+    if (name == "first")
+      options.prepend_scheme = PrependScheme::first;
+    else if (name == "always")
+      options.prepend_scheme = PrependScheme::always;
+    else if (name == "never")
+      options.prepend_scheme = PrependScheme::never;
+    else
+      scheme->fail(str_cat("is not a prepend scheme ('", name, "'; expected first, always or never)"));
+  }
+  if (!json.bool_or("add_prefix_space", true)) {
+    if (options.prepend_scheme != PrependScheme::never)
+      json.fail("has add_prefix_space false but a prepend_scheme other than 'never' (Hugging Face refuses it)");
+  }
+  options.split = json.bool_or("split", true);
+  return options;
+}
 
 std::unique_ptr<PreTokenizer> make_byte_level_pre_tokenizer(bool add_prefix_space, bool use_regex) {
   return std::make_unique<ByteLevel>(add_prefix_space, use_regex);
@@ -238,6 +299,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonView& json, int dept
   if (type == "ByteLevel") {
     return std::make_unique<ByteLevel>(json.bool_or("add_prefix_space", true), json.bool_or("use_regex", true));
   }
+  if (type == "Metaspace") return std::make_unique<Metaspace>(parse_metaspace_options(json));
   if (type == "Digits") return std::make_unique<Digits>(json.bool_or("individual_digits", false));
   if (type == "Whitespace") {
     return std::make_unique<Split>(R"(\w+|[^\w\s]+)", Behavior::removed, true);

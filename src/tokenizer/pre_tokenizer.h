@@ -1,7 +1,7 @@
 // Pre-tokenizers of tokenizer.json ("pre_tokenizer"): Split (a String or Regex pattern, any behavior,
-// invert), ByteLevel (with GPT-2's regex when use_regex), Digits, Whitespace, WhitespaceSplit and
-// Sequence. They cut each piece of text between added tokens into the words the model sees; ByteLevel also
-// rewrites each word into the byte-level alphabet.
+// invert), ByteLevel (with GPT-2's regex when use_regex), Metaspace (SentencePiece's "▁" for spaces),
+// Digits, Whitespace, WhitespaceSplit and Sequence. They cut each piece of text between added tokens into
+// the words the model sees; ByteLevel also rewrites each word into the byte-level alphabet.
 #pragma once
 
 #include <memory>
@@ -12,12 +12,30 @@
 
 namespace microllm::tokenizer_detail {
 
+// A piece of text on its way to the model. `at_text_start`: it begins at offset 0 of the encoded text
+// (Hugging Face's offsets_original().0 == 0, which Metaspace's prepend_scheme "first" asks for).
+struct PreToken {
+  std::string text;
+  bool at_text_start = false;
+};
+
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   // Replaces every piece by the pieces it splits into; empty pieces are dropped.
-  virtual void pre_tokenize(std::vector<std::string>& pieces) const = 0;
+  virtual void pre_tokenize(std::vector<PreToken>& pieces) const = 0;
 };
+
+// Metaspace's settings, shared by the pre-tokenizer and the decoder of that name.
+enum class PrependScheme { first, always, never };
+struct MetaspaceOptions {
+  std::string replacement;  // one character, "▁" (U+2581) in every known file
+  PrependScheme prepend_scheme = PrependScheme::always;
+  bool split = true;
+};
+// As Hugging Face reads them: prepend_scheme defaults to "always", split to true, and the older
+// add_prefix_space = false must come with prepend_scheme "never".
+MetaspaceOptions parse_metaspace_options(const JsonView& json);
 
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const JsonView& json, int depth = 0);
 

@@ -192,6 +192,18 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   return matches;
 }
 
+std::string Regex::replace_all(std::string_view text, std::string_view content) const {
+  std::string out;
+  size_t copied = 0;
+  for (const auto& [start, end] : find_all(text)) {
+    out.append(text, copied, start - copied);
+    out += content;
+    copied = end;
+  }
+  out.append(text, copied, std::string_view::npos);
+  return out;
+}
+
 bool Regex::matches_at(std::string_view text, size_t pos) const {
   size_t s = 0, e = 0;
   return search(text, pos, true, s, e);

@@ -23,6 +23,8 @@ class Regex {
 
   // Every match as [start, end) byte offsets. `text` must be well-formed UTF-8 (the caller checks once).
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+  // `text` with every match replaced by `content` (a literal, no group references).
+  std::string replace_all(std::string_view text, std::string_view content) const;
   // Whether the pattern matches starting exactly at byte `pos`.
   bool matches_at(std::string_view text, size_t pos) const;
   const std::string& pattern() const { return pattern_; }

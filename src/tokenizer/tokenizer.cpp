@@ -16,16 +16,16 @@ std::vector<int32_t> TokenizerImpl::encode(std::string_view text, bool add_speci
   if (bad != text.size()) throw ValueError("tokenizer", str_cat("encode: the text is not UTF-8 (byte ", bad, ")"));
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  std::vector<std::string> words;
+  std::vector<PreToken> words;
   for (Segment& segment : added.split(text, normalizer.get())) {
     if (segment.id >= 0) {
       ids.push_back(segment.id);
       continue;
     }
     words.clear();
-    words.push_back(std::move(segment.text));
+    words.push_back({std::move(segment.text), segment.at_text_start});
     if (pre_tokenizer) pre_tokenizer->pre_tokenize(words);
-    for (const std::string& word : words) model->tokenize(word, ids);
+    for (const PreToken& word : words) model->tokenize(word.text, ids);
   }
   if (add_special_tokens && post_processor) post_processor->process(ids);
   return ids;
@@ -46,16 +46,15 @@ bool TokenizerImpl::is_special(int32_t id) const {
   return t != nullptr && t->special;
 }
 
-void TokenizerImpl::append_token_bytes(int32_t id, bool skip_special_tokens, bool& first, std::string& out) const {
+const std::string* TokenizerImpl::token_to_decode(int32_t id, bool skip_special_tokens) const {
   const std::string* token = id_to_token(id);
-  if (token == nullptr) return;
+  if (token == nullptr) return nullptr;
   if (skip_special_tokens) {
     // Hugging Face skips by content: any id whose token text is a special added token.
     const AddedTokenInfo* t = added.by_content(*token);
-    if (t != nullptr && t->special) return;
+    if (t != nullptr && t->special) return nullptr;
   }
-  decoder->append(*token, first, out);
-  first = false;
+  return token;
 }
 
 }  // namespace tokenizer_detail
@@ -66,7 +65,7 @@ Tokenizer Tokenizer::load(const std::string& path) { return Tokenizer(tokenizer_
 
 std::optional<Tokenizer> Tokenizer::load_if_present(const std::string& directory) {
   const std::filesystem::path dir(directory);
-  for (const char* file : {"tokenizer.json", "vocab.json", "encoder.json"}) {
+  for (const char* file : {"tokenizer.json", "vocab.json", "encoder.json", "tokenizer.model"}) {
     if (std::filesystem::is_regular_file(dir / file)) return load(directory);
   }
   return std::nullopt;
@@ -88,8 +87,11 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::string bytes;
-  bool first = true;
-  for (const int32_t id : ids) impl_->append_token_bytes(id, skip_special_tokens, first, bytes);
+  const std::unique_ptr<tokenizer_detail::DecodeStream> stream = impl_->decoder->open();
+  for (const int32_t id : ids) {
+    if (const std::string* token = impl_->token_to_decode(id, skip_special_tokens)) stream->put(*token, bytes);
+  }
+  stream->finish(bytes);
   return tokenizer_detail::utf8_lossy(bytes);
 }
 
@@ -158,8 +160,14 @@ ChatTemplate Tokenizer::chat_template() const {
 
 const std::string& Tokenizer::source() const { return impl_->source; }
 
+StreamDecoder::StreamDecoder(std::shared_ptr<const tokenizer_detail::TokenizerImpl> impl, bool skip_special_tokens)
+    : impl_(std::move(impl)), skip_special_tokens_(skip_special_tokens), stream_(impl_->decoder->open()) {}
+StreamDecoder::~StreamDecoder() = default;
+StreamDecoder::StreamDecoder(StreamDecoder&&) noexcept = default;
+StreamDecoder& StreamDecoder::operator=(StreamDecoder&&) noexcept = default;
+
 std::string StreamDecoder::push(int32_t id) {
-  impl_->append_token_bytes(id, skip_special_tokens_, first_, pending_);
+  if (const std::string* token = impl_->token_to_decode(id, skip_special_tokens_)) stream_->put(*token, pending_);
   // Emit all but an unfinished character at the end; ill-formed bytes before it are final (U+FFFD).
   const size_t keep = tokenizer_detail::utf8_incomplete_tail(pending_);
   std::string out = tokenizer_detail::utf8_lossy(std::string_view(pending_).substr(0, pending_.size() - keep));
@@ -174,8 +182,10 @@ std::string StreamDecoder::push(std::span<const int32_t> ids) {
 }
 
 std::string StreamDecoder::finish() {
+  stream_->finish(pending_);
   std::string out = tokenizer_detail::utf8_lossy(pending_);
   pending_.clear();
+  stream_ = impl_->decoder->open();  // ready for another sequence
   return out;
 }
 

@@ -1,6 +1,7 @@
 // The parts of a loaded tokenizer and the encode/decode pipeline over them:
 //   text -> added tokens split out (raw, then normalized) -> normalizer on the pieces between them ->
-//   pre-tokenizer -> BPE per word -> post-processor (add_special_tokens).
+//   pre-tokenizer -> BPE per word -> post-processor (add_special_tokens); and back: ids -> token texts ->
+//   decoder stream -> bytes -> UTF-8.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +37,8 @@ struct TokenizerImpl {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string* id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
-  // Appends the bytes token `id` contributes to a decode (nothing for an unknown or skipped id).
-  void append_token_bytes(int32_t id, bool skip_special_tokens, bool& first, std::string& out) const;
+  // The token text a decode hands the decoder for `id`; null for an unknown id or a skipped special token.
+  const std::string* token_to_decode(int32_t id, bool skip_special_tokens) const;
 };
 
 // tokenizer.json's parsed text (loader.cpp). `file` names it in errors.

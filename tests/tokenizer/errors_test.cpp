@@ -103,9 +103,9 @@ TEST(TokenizerErrors, UnsupportedComponentsSayWhich) {
   EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
               HasSubstr("tokenizer.json: normalizer.type: the normalizer 'Precompiled' is not supported"));
   j = char_level_json({"a"}, {});
-  j["decoder"] = {{"type", "Metaspace"}};
+  j["decoder"] = {{"type", "WordPiece"}};
   EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
-              HasSubstr("decoder.type: the decoder 'Metaspace'"));
+              HasSubstr("decoder.type: the decoder 'WordPiece'"));
   j = char_level_json({"a"}, {});
   j["model"]["dropout"] = 0.1;
   EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }), HasSubstr("BPE dropout"));

