@@ -7,20 +7,28 @@ Run where both libraries are installed; no network is used (the tokenizer files 
     python3 tools/oracle/tokenizer_golden.py         # where tokenizers + transformers are installed
 
 Inputs (relative to the repository root unless given):
-  data/tokenizers/<name>/          tokenizer.json + tokenizer_config.json (qwen3, llama3, deepseek_v3),
-                                   encoder.json + vocab.bpe (gpt2)
-  tests/fixtures/tokenizer/texts.jsonl           one JSON string per line
+  data/tokenizers/<name>/          tokenizer.json + tokenizer_config.json (qwen3, llama3, deepseek_v3, llama2,
+                                   gemma3, o200k), encoder.json + vocab.bpe (gpt2)
+  tests/fixtures/tokenizer/texts.jsonl, texts_byte_fallback.jsonl   one JSON string per line
+  tests/fixtures/tokenizer/decode_cases.json     id sequences to decode, as token texts
+  tests/fixtures/tokenizer/variants.json         tokenizers made from a fetched tokenizer.json with some
+                                                 top-level parts replaced (llama2_metaspace, ...)
   tests/fixtures/tokenizer/conversations.json    [{"name", "messages"}]
   tests/fixtures/tokenizer/templates/*.jinja     Qwen2.5-Instruct and DeepSeek-R1-Distill-Qwen templates
 
 Outputs (tests/fixtures/tokenizer/):
-  golden_<name>.jsonl   line 1: {"meta": {...}}; then one line per text:
+  golden_<name>.jsonl   line 1: {"meta": {...}}; then one line per text of meta.texts_files (a variant takes
+    only the first meta.texts_lines[file] lines of a file):
       {"i", "ids": encode(add_special_tokens=False), "ids_special": encode(add_special_tokens=True),
        "decoded": decode(ids), "decoded_skip": decode(ids_special, skip_special_tokens=True),
        "hf_ids_special": transformers tokenizer(text).input_ids, "hf_decoded": transformers decode(ids),
        "hf_ids": transformers tokenizer(text, add_special_tokens=False).input_ids, only where it differs from ids}
+    then one line per case of decode_cases.json whose tokens are all in the vocabulary:
+      {"case", "decode_ids", "decoded": decode(ids), "decoded_skip": decode(ids, skip_special_tokens=True)}
     (ids/decoded: the `tokenizers` library on tokenizer.json; hf_*: transformers' AutoTokenizer on the
-    directory, which also applies tokenizer_config.json)
+    directory, which also applies tokenizer_config.json; variants and tokenizers transformers cannot load
+    have no hf_* fields and meta.hf_class null). tools/oracle/tokenizer_golden_node.mjs writes the same
+    files, without hf_* fields, from the same Rust library through Node.js.
   golden_chat.jsonl     one line per (template, conversation, add_generation_prompt, enable_thinking):
       {"template", "template_file", "tokenizer", "conversation", "add_generation_prompt",
        "enable_thinking", "bos_token", "eos_token", "text": apply_chat_template(tokenize=False),
@@ -42,7 +50,9 @@ import transformers  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NAMES = ["qwen3", "llama3", "deepseek_v3", "gpt2"]
+NAMES = ["qwen3", "llama3", "deepseek_v3", "gpt2", "llama2", "gemma3", "o200k",
+         "llama2_metaspace", "llama2_metaspace_split", "llama2_metaspace_never"]
+TEXT_FILES = ["texts.jsonl", "texts_byte_fallback.jsonl"]
 
 # (template name, template source: a fixture file or None for the tokenizer's own, tokenizer directory)
 TEMPLATES = [
@@ -120,17 +130,79 @@ def load(name, data):
     return gpt2_reference(d)
 
 
-def golden_tokens(name, data, texts, texts_sha, out_dir):
-    raw, hf = load(name, data)
-    source = (data / name / "SOURCE").read_text().strip() if (data / name / "SOURCE").exists() else ""
+def load_reference(name, data, variants):
+    """(raw, transformers tokenizer or None, variant or None): a variant is its base's tokenizer.json with
+    the top-level parts of its overrides replaced, for which transformers has no folder to load."""
+    variant = variants.get(name)
+    if variant is not None:
+        spec = json.loads((data / variant["base"] / "tokenizer.json").read_text(encoding="utf-8"))
+        spec.update(variant["overrides"])
+        return tokenizers.Tokenizer.from_str(json.dumps(spec)), None, variant
+    try:
+        raw, hf = load(name, data)
+    except Exception as e:  # noqa: BLE001 - transformers may not load every class offline: keep the raw results
+        print(f"{name}: transformers could not load it ({type(e).__name__}: {e}); no hf_* fields", file=sys.stderr)
+        raw, hf = tokenizers.Tokenizer.from_file(str(data / name / "tokenizer.json")), None
+    return raw, hf, variant
+
+
+def config_token(config, key):
+    value = config.get(key)
+    return value if isinstance(value, str) or value is None else value.get("content")
+
+
+def case_ids(raw, tokens, config):
+    """The ids of one decode_cases.json case in this vocabulary, or None when a token is not there."""
+    byte_fallback = raw.token_to_id("<0x41>") is not None
+
+    def byte_level_char(b):  # GPT-2's byte alphabet
+        printable = [x for x in range(256) if 0x21 <= x <= 0x7E or 0xA1 <= x <= 0xAC or 0xAE <= x <= 0xFF]
+        return chr(b) if b in printable else chr(0x100 + [x for x in range(256) if x not in printable].index(b))
+
+    ids = []
+    for t in tokens:
+        if isinstance(t, dict) and "byte" in t:
+            t = "<0x%02X>" % t["byte"] if byte_fallback else byte_level_char(t["byte"])
+        elif isinstance(t, dict) and "special" in t:
+            t = config_token(config, t["special"] + "_token")
+        token_id = None if t is None else raw.token_to_id(t)
+        if token_id is None:
+            return None
+        ids.append(token_id)
+    return ids
+
+
+def golden_tokens(name, data, fixtures, variants, out_dir):
+    raw, hf, variant = load_reference(name, data, variants)
+    base = variant["base"] if variant else name
+    texts_lines = variant.get("texts_lines", {}) if variant else {}
+    texts = []
+    for file in TEXT_FILES:
+        part = [json.loads(line) for line in (fixtures / file).read_text(encoding="utf-8").split("\n") if line.strip()]
+        texts += part[:texts_lines.get(file, len(part))]
+    config_path = data / base / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    source = (data / base / "SOURCE").read_text().strip() if (data / base / "SOURCE").exists() else ""
     meta = {
-        "name": name, "source": source, "texts_sha256": texts_sha,
+        "name": name, "source": source, "texts_files": TEXT_FILES,
+        "texts_sha256": {f: hashlib.sha256((fixtures / f).read_bytes()).hexdigest() for f in TEXT_FILES},
+        "texts": len(texts),
+        "oracle": f"Python tokenizers {tokenizers.__version__}, transformers {transformers.__version__}",
         "tokenizers_version": tokenizers.__version__, "transformers_version": transformers.__version__,
-        "hf_class": type(hf).__name__,
-        "hf_clean_up_tokenization_spaces": bool(getattr(hf, "clean_up_tokenization_spaces", False)),
-        "vocab_size": raw.get_vocab_size(with_added_tokens=True), "hf_len": len(hf),
-        "bos_token": hf.bos_token, "eos_token": hf.eos_token, "bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id,
+        "hf_class": type(hf).__name__ if hf is not None else None,
+        "vocab_size": raw.get_vocab_size(with_added_tokens=True),
+        "bos_token": config_token(config, "bos_token"), "eos_token": config_token(config, "eos_token"),
     }
+    if variant:
+        meta.update({"base": variant["base"], "about": variant["about"], "overrides": variant["overrides"]})
+        if texts_lines:
+            meta["texts_lines"] = texts_lines
+    if hf is not None:
+        meta.update({
+            "hf_clean_up_tokenization_spaces": bool(getattr(hf, "clean_up_tokenization_spaces", False)),
+            "hf_len": len(hf), "bos_token": hf.bos_token, "eos_token": hf.eos_token,
+            "bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id,
+        })
     lines = []
     for i, text in enumerate(texts):
         ids = raw.encode(text, add_special_tokens=False).ids
@@ -141,12 +213,22 @@ def golden_tokens(name, data, texts, texts_sha, out_dir):
             "ids_special": ids_special,
             "decoded": raw.decode(ids, skip_special_tokens=False),
             "decoded_skip": raw.decode(ids_special, skip_special_tokens=True),
-            "hf_ids_special": hf(text)["input_ids"],
-            "hf_decoded": hf.decode(ids),
         })
+        if hf is None:
+            continue
+        lines[-1]["hf_ids_special"] = hf(text)["input_ids"]
+        lines[-1]["hf_decoded"] = hf.decode(ids)
         hf_ids = hf(text, add_special_tokens=False)["input_ids"]
         if hf_ids != ids:
             lines[-1]["hf_ids"] = hf_ids
+    cases = json.loads((fixtures / "decode_cases.json").read_text(encoding="utf-8"))["cases"]
+    for case in cases:
+        ids = case_ids(raw, case["tokens"], config)
+        if ids is not None:
+            lines.append({"case": case["name"], "decode_ids": ids,
+                          "decoded": raw.decode(ids, skip_special_tokens=False),
+                          "decoded_skip": raw.decode(ids, skip_special_tokens=True)})
+    meta["decode_cases"] = len(lines) - len(texts)
     # Texts where transformers' own pipeline disagrees with tokenizer.json (a transformers version that
     # rebuilds the tokenizer from its class): the C++ test then skips the transformers (hf_*) comparisons.
     meta["hf_ids_differ"] = sum(1 for line in lines if "hf_ids" in line)
@@ -155,7 +237,8 @@ def golden_tokens(name, data, texts, texts_sha, out_dir):
         f.write(dump({"meta": meta}))
         for line in lines:
             f.write(dump(line))
-    print(f"{path}: {len(texts)} texts ({meta['hf_class']}, tokenizers {meta['tokenizers_version']}, "
+    print(f"{path}: {len(texts)} texts, {meta['decode_cases']} decode cases ({meta['hf_class']}, "
+          f"tokenizers {meta['tokenizers_version']}, "
           f"transformers {meta['transformers_version']}; transformers differs from tokenizer.json on "
           f"{meta['hf_ids_differ']} texts)")
 
@@ -209,15 +292,15 @@ def main():
     out_dir = pathlib.Path(args.out) if args.out else fixtures
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    raw_texts = (fixtures / "texts.jsonl").read_bytes()
-    texts = [json.loads(line) for line in raw_texts.decode("utf-8").split("\n") if line.strip()]
-    texts_sha = hashlib.sha256(raw_texts).hexdigest()
-    missing = [n for n in args.names.split(",") if not (data / n).exists()]
+    variants = json.loads((fixtures / "variants.json").read_text(encoding="utf-8"))["variants"]
+    names = args.names.split(",")
+    missing = sorted({variants[n]["base"] if n in variants else n for n in names} -
+                     {n for n in os.listdir(data) if (data / n).is_dir()} if data.exists() else set(names))
     if missing:
         sys.exit(f"missing {', '.join(str(data / n) for n in missing)}: run scripts/fetch-tokenizers.sh where there is "
                  "network and copy data/tokenizers here")
-    for name in args.names.split(","):
-        golden_tokens(name, data, texts, texts_sha, out_dir)
+    for name in names:
+        golden_tokens(name, data, fixtures, variants, out_dir)
     golden_chat(data, fixtures, out_dir)
 
 
