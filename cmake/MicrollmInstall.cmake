@@ -33,7 +33,7 @@ install(FILES ${PROJECT_BINARY_DIR}/microLLMConfig.cmake ${PROJECT_BINARY_DIR}/m
 
 # pkg-config: prefix is found relative to the .pc file, so the installed tree can move.
 set(MICROLLM_PC_LIBS "")
-foreach(layer IN ITEMS capi serve train distributed generate models tokenizer io nn autograd ops backend core)
+foreach(layer IN ITEMS capi serve train distributed generate models tokenizer io nn autograd ops backend profile core)
   if(TARGET microllm_${layer})
     string(APPEND MICROLLM_PC_LIBS " -lmicrollm_${layer}")
   endif()

@@ -42,6 +42,7 @@
 #include "microllm/models/loader.h"
 #include "microllm/nn/transformer.h"
 #include "microllm/ops/reduce.h"
+#include "trace_file.h"
 
 namespace microllm::app {
 namespace {
@@ -50,6 +51,7 @@ namespace fs = std::filesystem;
 
 struct BenchCliOptions {
   std::string model, preset, config;
+  std::string trace;  // --trace FILE: the timed repetitions
   int64_t vocab = 256;  // presets only
   uint64_t seed = 0;
   std::string device = "cpu";
@@ -408,6 +410,7 @@ void run_bench(const BenchCliOptions& o) {
   autograd::NoGradGuard no_grad;
   Bench bench(*model, device, dtype, o.seed + 1);
   std::vector<Row> rows;
+  TraceFile trace(o.trace);
   for (const Test& t : runnable) {
     const int64_t capacity = t.kind == Kind::prefill  ? t.prompt
                              : t.kind == Kind::decode ? t.generated
@@ -443,6 +446,7 @@ void run_bench(const BenchCliOptions& o) {
     if (o.op_times) row.op_times = op_timings();
     rows.push_back(std::move(row));
   }
+  trace.finish();
   if (progress) std::cerr << "\r\033[K" << std::flush;
 
   // The report: what ran where, then the table.
@@ -572,6 +576,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions per test")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed repetitions before them")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
+  add_trace_option(cmd, o->trace);
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
   cmd->add_option("--path", o->path, "engine: the serving engine (paged KV cache, CUDA graphs); plain: forward + KvCache")
       ->check(CLI::IsMember({"engine", "plain"}))

@@ -17,5 +17,6 @@ void register_chat(CLI::App& app);      // talk with a chat model, one user turn
 void register_logits(CLI::App& app);    // logits / greedy tokens of ids as safetensors (parity checks)
 void register_serve(CLI::App& app);     // an OpenAI-compatible HTTP server over a model
 void register_bench(CLI::App& app);     // prefill / decode tokens/s, a llama-bench-style table
+void register_trace(CLI::App& app);     // tables of a trace written by --trace
 
 }  // namespace microllm::app

@@ -19,6 +19,7 @@
 #include "microllm/models/loader.h"
 #include "microllm/tokenizer/tokenizer.h"
 #include "microllm/train/data.h"
+#include "trace_file.h"
 
 namespace microllm::app {
 
@@ -140,6 +141,7 @@ struct GenerateCliOptions {
   std::string device = "cpu";
   std::string dtype = "f32";
   int threads = 0;
+  std::string trace;
 };
 
 void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
@@ -183,12 +185,14 @@ void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
   if (!o.chat && !o.no_echo) std::cout << prompt_text << std::flush;
   std::shared_ptr<StreamDecoder> stream;
   const auto start = std::chrono::steady_clock::now();
+  TraceFile trace(o.trace);
   const generate::Generation result =
       generate::generate_text(*model, prompt, options, make_text_decoder(hf, stream), [](std::string_view text) {
         std::cout << text << std::flush;
         return true;
       });
   std::cout << std::endl;
+  trace.finish();
   if (o.verbose) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cerr << "[generate] prompt " << prompt.size() << " tokens, generated " << result.tokens.size() << " in "
@@ -215,6 +219,7 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--no-think", o->no_think, "With --chat: Qwen3's enable_thinking=false");
   cmd->add_flag("--no-echo", o->no_echo, "Do not print the prompt before the continuation");
   add_sampling_options(cmd, o->options);
+  add_trace_option(cmd, o->trace);
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Weights and compute: f32 or bf16")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "microllm/core/threads.h"
 #include "microllm/serve/server.h"
+#include "trace_file.h"
 
 namespace microllm::app {
 
@@ -18,6 +19,8 @@ namespace {
 struct ServeCliOptions {
   serve::ServerOptions server;
   int threads = 0;
+  std::string trace;          // --trace FILE
+  double trace_seconds = 10;  // the trace's window from the server's start
 };
 
 void run_serve(const ServeCliOptions& o) {
@@ -34,7 +37,16 @@ void run_serve(const ServeCliOptions& o) {
             << server.port() << " (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics)"
             << std::endl;
   int received = 0;
-  sigwait(&signals, &received);
+  if (!o.trace.empty()) {  // the trace's window: until it ends or a signal comes, whichever is first
+    TraceFile trace(o.trace);
+    std::cerr << "microllm serve: tracing for " << o.trace_seconds << " s into " << o.trace << std::endl;
+    timespec window{};
+    window.tv_sec = static_cast<time_t>(o.trace_seconds);
+    window.tv_nsec = static_cast<long>((o.trace_seconds - static_cast<double>(window.tv_sec)) * 1e9);
+    received = sigtimedwait(&signals, nullptr, &window);
+    trace.finish();
+  }
+  if (received <= 0) sigwait(&signals, &received);
   std::cerr << "microllm serve: " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
   server.stop();
 }
@@ -74,6 +86,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http-threads", o->server.http_threads, "Connections served at once")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0: all)");
+  add_trace_option(cmd, o->trace);
+  cmd->add_option("--trace-seconds", o->trace_seconds, "With --trace: the trace's window from the start, in seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--cors", o->server.cors_origins,
                   "Allow pages from these origins to call the API (CORS); --cors alone: any origin (*)")
       ->expected(0, CLI::detail::expected_max_vector_size)

@@ -22,6 +22,7 @@
 #include "microllm/distributed/communicator.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/train/trainer.h"
+#include "trace_file.h"
 
 namespace microllm::app {
 namespace {
@@ -44,6 +45,7 @@ struct TrainCliOptions {
   std::string distributed;  // auto | off | mpi | nccl
   bool zero1 = false;
   std::vector<std::string> sets;  // key=value, value as JSON (a bare word is a string)
+  std::string trace;              // --trace FILE (rank 0's spans)
 };
 
 std::string format_duration(double seconds) {
@@ -193,7 +195,9 @@ bool run_train(const TrainCliOptions& o) {
     if (terminal) std::cout << "\n";
     std::cout << "checkpoint: " << dir << " (step " << trainer.step() << ")" << std::endl;
   };
+  TraceFile trace(o.trace);
   const train::TrainResult result = trainer.run(callbacks);
+  trace.finish();
   if (terminal) std::cout << "\n";
   std::cout << (result.interrupted ? "train: interrupted at step " : "train: done, step ") << result.steps << " in "
             << format_duration(result.seconds) << " (" << result.seconds << " s)";
@@ -243,6 +247,7 @@ void register_train(CLI::App& app) {
                   "Data parallelism: auto (when launched by mpirun or torchrun), off, or a backend (mpi, nccl)")
       ->check(CLI::IsMember({"auto", "off", "mpi", "nccl"}));
   cmd->add_flag("--zero1", o->zero1, "Data parallel: shard the optimizer state over the ranks (ZeRO-1)");
+  add_trace_option(cmd, o->trace);
   cmd->add_option("--set", o->sets, "Any config field: --set key=value (value as JSON; bare words are strings)");
   cmd->callback([o] {
     bool interrupted = false;

@@ -2,14 +2,22 @@
 
 #include <atomic>
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
 #include "cpu/cpu_backend.h"
 #include "environment.h"
+#include "microllm/profile/trace.h"
+#include "tracing_backend.h"
 
 namespace microllm {
 
 #ifdef MICROLLM_WITH_CUDA
-Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cu
+Backend& cuda_backend(int device);  // src/backend/cuda/cuda_backend.cpp
 #endif
+Fusions& fusions_of(Device device, Backend& primitives);  // fusions.cpp
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
@@ -63,7 +71,9 @@ Backend& cpu_backend() {
   return backend;
 }
 
-Backend& backend_for(Device device) {
+namespace {
+
+Backend& primitives_for(Device device) {
   static const bool environment_checked = (detail::check_environment(), true);  // a mistake shows at the first op
   (void)environment_checked;
   if (device.is_cpu()) return cpu_backend();
@@ -74,6 +84,32 @@ Backend& backend_for(Device device) {
                                              ": this build of microLLM has no CUDA support (configure with "
                                              "-DMICROLLM_CUDA=ON, e.g. the cuda-release preset)"));
 #endif
+}
+
+// The wrapper of a device's backend or fusions that traces each kernel (tracing_backend.h), made on first use.
+template <typename Wrapper, typename Make>
+Wrapper& traced(Device device, const Make& make) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Wrapper>> wrappers;
+  std::lock_guard lock(mutex);
+  auto& slot = wrappers[device.str()];
+  if (!slot) slot = make();
+  return *slot;
+}
+
+}  // namespace
+
+Backend& backend_for(Device device) {
+  Backend& backend = primitives_for(device);
+  if (!profile::tracing()) return backend;
+  return traced<TracingBackend>(device, [&] { return std::make_unique<TracingBackend>(backend); });
+}
+
+Fusions& fusions_for(Device device) {
+  Backend& primitives = primitives_for(device);
+  Fusions& fusions = fusions_of(device, primitives);
+  if (!profile::tracing()) return fusions;
+  return traced<TracingFusions>(device, [&] { return std::make_unique<TracingFusions>(primitives, fusions); });
 }
 
 }  // namespace microllm

@@ -69,8 +69,8 @@ void Fusions::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor
                              v.reshape({rows, v.size(2), v.size(3)}), slots);
 }
 
-Fusions& fusions_for(Device device) {
-  Backend& primitives = backend_for(device);  // NotSupportedError for a device this build lacks
+// The fusions of `device`, whose primitives backend_for checked and returned (backend.cpp wraps them for tracing).
+Fusions& fusions_of(Device device, Backend& primitives) {
   if (device.is_cpu()) {
     static CpuFusions fusions(primitives);
     return fusions;

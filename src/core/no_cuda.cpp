@@ -28,6 +28,7 @@ MemoryInfo memory_info(int) { no_cuda("cuda"); }
 Stream Stream::create(int) { no_cuda("cuda"); }
 Stream Stream::default_stream(int) { no_cuda("cuda"); }
 void Stream::synchronize() const { no_cuda("cuda"); }
+bool Stream::capturing() const { no_cuda("cuda"); }
 Stream current_stream(int) { no_cuda("cuda"); }
 StreamGuard::StreamGuard(const Stream&) { no_cuda("cuda"); }
 StreamGuard::~StreamGuard() = default;

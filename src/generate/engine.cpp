@@ -15,6 +15,7 @@
 #include "microllm/generate/runner.h"
 #include "microllm/ops/paged_attention.h"
 #include "microllm/ops/sampling.h"
+#include "microllm/profile/trace.h"
 
 namespace microllm::generate {
 namespace {
@@ -211,6 +212,8 @@ struct Engine::Impl {
     return std::min(fit, most);
   }
 
+  int trace_device() const { return device.is_cuda() ? device.index : -1; }
+
   std::optional<cuda::StreamGuard> scoped_stream() const {
     if (!stream) return std::nullopt;
     return std::optional<cuda::StreamGuard>(std::in_place, *stream);
@@ -310,6 +313,9 @@ struct Engine::Impl {
   bool prefill_step() {
     const std::optional<PrefillPlan> plan = scheduler->next_prefill();
     if (!plan) return false;
+    profile::Scope span("engine.prefill", "engine");
+    profile::GpuScope gpu_span("engine.prefill", "engine", trace_device());
+    span.arg("sequences", static_cast<double>(plan->sequences.size()));
     {
       std::lock_guard<std::mutex> lock(mutex);
       ++counters.prefill_forwards;
@@ -535,6 +541,9 @@ struct Engine::Impl {
   bool enqueue_decode_step() {
     const std::optional<DecodePlan> plan = scheduler->next_decode();
     if (!plan) return false;
+    profile::Scope span("engine.decode", "engine");
+    profile::GpuScope gpu_span("engine.decode", "engine", trace_device());
+    span.arg("rows", static_cast<double>(plan->fed.size()));
     const int64_t batch_rows = plan->rows, context = plan->context;
     const bool all_greedy = plan->greedy_only;
 
@@ -626,8 +635,12 @@ void Engine::cancel(uint64_t id) { impl_->scheduler->cancel(id); }
 bool Engine::step() {
   autograd::NoGradGuard no_grad;
   auto on_engine_stream = impl_->scoped_stream();
-  impl_->apply_cancellations();
-  impl_->admit();
+  profile::Scope span("engine.step", "engine");
+  {
+    profile::Scope schedule("engine.schedule", "engine");
+    impl_->apply_cancellations();
+    impl_->admit();
+  }
   const bool prefilled = impl_->prefill_step();
   // Step t + 1 is enqueued before step t's tokens are read, so the device runs it while the host hands out
   // step t's tokens and prepares step t + 2 (nothing waits for the host between steps); the last step is read
@@ -637,9 +650,18 @@ bool Engine::step() {
   auto& in_flight = impl_->in_flight;
   const size_t keep = decoded ? 1 : 0;
   const bool read = in_flight.size() > keep;
-  while (in_flight.size() > keep) impl_->read_oldest_step();
-  if (impl_->scheduler->running().empty()) {
-    while (!in_flight.empty()) impl_->read_oldest_step();
+  {
+    profile::Scope read_span("engine.read", "engine");
+    while (in_flight.size() > keep) impl_->read_oldest_step();
+    if (impl_->scheduler->running().empty()) {
+      while (!in_flight.empty()) impl_->read_oldest_step();
+    }
+  }
+  if (profile::tracing()) {
+    const SchedulerCounts counts = impl_->scheduler->counts();
+    profile::counter("engine.kv_blocks_used", static_cast<double>(counts.blocks_used));
+    profile::counter("engine.decoding", static_cast<double>(counts.decoding));
+    profile::counter("engine.waiting", static_cast<double>(counts.waiting));
   }
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (prefilled || decoded || read) ++impl_->counters.steps;

@@ -4,6 +4,7 @@
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
 #include "microllm/ops/norm.h"
+#include "microllm/profile/trace.h"
 
 namespace microllm::generate {
 
@@ -45,6 +46,7 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
   MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64,
                  DTypeError, "runner", "the compute dtype must be f32, bf16, f16 or f64, got ", dtype);
   embedding_ = in_dtype(model.embed_tokens().weight(), dtype);
+  trace_device_ = embedding_.device().is_cuda() ? embedding_.device().index : -1;
   final_norm_ = in_dtype(model.norm().weight(), dtype);
   head_ = model.lm_head() ? single(*model.lm_head(), dtype) : LinearWeight::dense(embedding_);
   for (const nn::DecoderLayer* layer : model.layers()) {
@@ -97,18 +99,23 @@ std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor
                                        AttentionCache& cache) const {
   const Block& b = blocks_[static_cast<size_t>(index)];
   const bool swiglu = b.activation == nn::MlpActivation::silu;
-  const auto [qkv, stream] = b.qkv.norm_linear(x, residual, b.input_norm, b.eps, /*swiglu=*/false);
-  if (b.placement == nn::NormPlacement::pre) {
-    const bool add_in_o = !b.gate_up.folds_norm(x.numel() / x.size(-1), swiglu);
-    const Tensor attn = attention(index, qkv, add_in_o ? stream : Tensor(), cache);
-    auto [activation, h] = b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, b.post_attention_norm, b.eps,
-                                                 swiglu);
-    if (!swiglu) activation = geglu(activation);
-    return {b.down.linear(activation, h), Tensor()};
+  const bool pre = b.placement == nn::NormPlacement::pre;
+  const bool add_in_o = pre && !b.gate_up.folds_norm(x.numel() / x.size(-1), swiglu);
+  profile::Scope span("layer.", index, "", "layer");
+  profile::GpuScope gpu_span("layer.", index, "", "layer", trace_device_);
+  Tensor attn, stream;
+  {
+    profile::Scope attention_span("layer.", index, ".attention", "layer");
+    NormLinearResult qkv = b.qkv.norm_linear(x, residual, b.input_norm, b.eps, /*swiglu=*/false);
+    stream = std::move(qkv.h);
+    attn = attention(index, qkv.out, add_in_o ? stream : Tensor(), cache);
+    if (!pre) attn = rms_norm(attn, b.post_attention_norm, b.eps);
   }
-  const Tensor attn = rms_norm(attention(index, qkv, Tensor(), cache), b.post_attention_norm, b.eps);
-  auto [activation, h] = b.gate_up.norm_linear(attn, stream, b.pre_feedforward_norm, b.eps, swiglu);
+  profile::Scope mlp_span("layer.", index, ".mlp", "layer");
+  const Tensor& norm = pre ? b.post_attention_norm : b.pre_feedforward_norm;
+  auto [activation, h] = b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, norm, b.eps, swiglu);
   if (!swiglu) activation = geglu(activation);
+  if (pre) return {b.down.linear(activation, h), Tensor()};
   return {rms_norm(b.down.linear(activation), b.post_feedforward_norm, b.eps), h};
 }
 

@@ -5,6 +5,7 @@
 
 #include "microllm/autograd/functions.h"
 #include "microllm/nn/transformer.h"
+#include "microllm/profile/trace.h"
 
 namespace microllm::nn {
 
@@ -155,7 +156,8 @@ Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
   return down_proj_->forward(ag::binary(BinaryOp::mul, ag::unary(UnaryOp::gelu_tanh, gate), up), ctx);
 }
 
-DecoderLayer::DecoderLayer(const TransformerConfig& config, Initializer& init) : placement_(config.norm_placement) {
+DecoderLayer::DecoderLayer(const TransformerConfig& config, int index, Initializer& init)
+    : placement_(config.norm_placement), index_(index) {
   const AttentionConfig attention = config.attention();
   auto norm = [&] { return std::make_unique<RMSNorm>(config.hidden_size, config.rms_norm_eps); };
   input_layernorm_ = &register_module("input_layernorm", norm());
@@ -176,6 +178,9 @@ Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) con
 
 std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, const Variable& residual,
                                                              const ForwardContext& ctx) const {
+  const int device = x.device().is_cuda() ? x.device().index : -1;
+  profile::Scope span("layer.", index_, ".forward", "layer");
+  profile::GpuScope gpu_span("layer.", index_, ".forward", "layer", device);
   Variable normed, stream = x;  // stream: the residual stream entering this block
   if (residual.defined()) {
     std::tie(normed, stream) = input_layernorm_->forward_residual(x, residual, ctx);  // stream = residual + x

@@ -79,7 +79,8 @@ TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, boo
   embed_tokens_ = &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, init));
   auto& layers = model.add("layers", std::make_unique<Container>());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    layers_.push_back(&layers.add(std::to_string(i), std::make_unique<DecoderLayer>(config_, init)));
+    layers_.push_back(
+        &layers.add(std::to_string(i), std::make_unique<DecoderLayer>(config_, static_cast<int>(i), init)));
   }
   norm_ = &model.add("norm", std::make_unique<RMSNorm>(config_.hidden_size, config_.rms_norm_eps));
   if (!config_.tie_word_embeddings) {

@@ -20,6 +20,7 @@
 #include "microllm/io/safetensors.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/optim.h"
+#include "microllm/profile/trace.h"
 #include "microllm/models/config.h"
 #include "microllm/models/loader.h"
 #include "microllm/train/checkpoint.h"
@@ -429,6 +430,9 @@ double Trainer::train_seconds() {
 }
 
 void Trainer::train_step() {
+  const int device = device_.is_cuda() ? device_.index : -1;
+  profile::Scope span("train.step", "step");
+  profile::GpuScope gpu_span("train.step", "step", device);
   nn::ForwardContext ctx;
   ctx.compute_dtype = compute_dtype_;
   zero_grad();
@@ -440,15 +444,29 @@ void Trainer::train_step() {
       ddp_->set_sync(micro + 1 == config_.grad_accum);  // gradients travel after the last micro-batch only
     }
     const Tensor ids = batch.ids.to(device_), targets = batch.targets.to(device_);
-    const autograd::Variable loss = model_->loss(ids, targets, ctx);
-    // Each micro-batch's mean loss weighs 1 / grad_accum: the gradients add up to those of the mean
-    // over every micro-batch.
-    (config_.grad_accum > 1 ? autograd::scale(loss, 1.0 / static_cast<double>(config_.grad_accum)) : loss).backward();
+    autograd::Variable loss;
+    {
+      profile::Scope forward("train.forward", "step");
+      profile::GpuScope gpu_forward("train.forward", "step", device);
+      loss = model_->loss(ids, targets, ctx);
+    }
+    {
+      profile::Scope backward("train.backward", "step");
+      profile::GpuScope gpu_backward("train.backward", "step", device);
+      // Each micro-batch's mean loss weighs 1 / grad_accum: the gradients add up to those of the mean
+      // over every micro-batch.
+      (config_.grad_accum > 1 ? autograd::scale(loss, 1.0 / static_cast<double>(config_.grad_accum)) : loss).backward();
+    }
     loss_sum_ = loss_sum_.defined() ? add(loss_sum_, loss.value()) : loss.value();
     ++loss_count_;
     tokens_ += config_.batch_size * config_.seq_len;
   }
-  if (ddp_) ddp_->finish_gradients();  // every gradient is now the mean over the ranks
+  if (ddp_) {
+    profile::Scope all_reduce("train.all_reduce", "step");
+    ddp_->finish_gradients();  // every gradient is now the mean over the ranks
+  }
+  profile::Scope optimizer("train.optimizer", "step");
+  profile::GpuScope gpu_optimizer("train.optimizer", "step", device);
   const std::vector<nn::ParameterInfo>& params = optimizer_->parameters();
   last_grad_norm_ = ddp_ ? ddp_->gradient_norm() : gradient_norm(params);
   const Tensor scale = config_.clip > 0 ? clip_coefficient(last_grad_norm_, config_.clip) : Tensor();

@@ -38,6 +38,8 @@ class Stream {
   void* handle() const { return handle_; }  // a cudaStream_t
   int device() const { return device_; }
   void synchronize() const;
+  // Whether a CUDA graph capture is recording this stream's work (nothing it launches runs now).
+  bool capturing() const;
   friend bool operator==(const Stream& a, const Stream& b) { return a.handle_ == b.handle_ && a.device_ == b.device_; }
 
  private:

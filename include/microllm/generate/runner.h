@@ -62,6 +62,7 @@ class Runner {
 
   nn::TransformerConfig config_;
   DType dtype_;
+  int trace_device_ = -1;  // the CUDA device its GPU trace spans are on; -1: the CPU
   Tensor embedding_, final_norm_;
   LinearWeight head_;
   std::vector<Block> blocks_;

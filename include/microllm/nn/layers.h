@@ -161,7 +161,7 @@ class Mlp : public Module {
 //             out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const TransformerConfig& config, Initializer& init);
+  DecoderLayer(const TransformerConfig& config, int index, Initializer& init);
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   // The same block with the residual adds left to the caller, so that each meets the next RMSNorm in one fused
   // kernel: the block's input is residual + x (just x when residual is undefined); returns (delta, h) whose sum
@@ -184,6 +184,7 @@ class DecoderLayer : public Module {
 
  private:
   NormPlacement placement_;
+  int index_;  // in the model: names its trace spans
   RMSNorm *input_layernorm_, *post_attention_layernorm_;
   RMSNorm *pre_feedforward_layernorm_ = nullptr, *post_feedforward_layernorm_ = nullptr;
   Attention* self_attn_;

@@ -8,7 +8,8 @@
 
 namespace microllm::cuda_kernels {
 
-OpScope::OpScope(const char* op, int device, cudaStream_t stream) : op_(op), device_(device), stream_(stream) {
+OpScope::OpScope(const char* op, int device, cudaStream_t stream)
+    : op_(op), device_(device), stream_(stream), trace_(op, "op", device) {
   nvtxRangePushA(op);
   if (!op_timing_enabled()) return;
   MICROLLM_CUDA_CHECK(cudaEventCreate(&start_));

@@ -90,6 +90,12 @@ void Stream::synchronize() const {
   detail::check_cuda_device_errors(device_);
 }
 
+bool Stream::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MICROLLM_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(handle_), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 Stream current_stream(int device) {
   detail::check_device(device);
   return Stream(detail::current_cuda_stream(device), device);
