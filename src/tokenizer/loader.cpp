@@ -29,6 +29,20 @@ AddedTokenInfo parse_added_token(const JsonView& json) {
   return t;
 }
 
+// A merge as "a b" or ["a", "b"] without building its path (there are half a million in Gemma 3's file);
+// nullopt when it is neither, for parse_merge to say why.
+std::optional<std::pair<std::string, std::string>> plain_merge(const Json& json) {
+  if (json.is_string()) {
+    const std::string& line = json.get_ref<const std::string&>();
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) return std::nullopt;
+    return std::pair{line.substr(0, space), line.substr(space + 1)};
+  }
+  if (json.is_array() && json.size() == 2 && json[0].is_string() && json[1].is_string())
+    return std::pair{json[0].get<std::string>(), json[1].get<std::string>()};
+  return std::nullopt;
+}
+
 std::pair<std::string, std::string> parse_merge(const JsonView& json) {
   if (json.is_string()) {  // "a b"
     const std::string& line = json.as_string();
@@ -49,6 +63,10 @@ Vocab parse_vocab(const JsonView& json) {
   Vocab vocab;
   vocab.reserve(json.size());
   for (const auto& [token, value] : json.json().items()) {
+    if (value.is_number_unsigned() && value.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)) {
+      vocab.emplace(token, static_cast<int32_t>(value.get<uint64_t>()));  // the usual case, without a path
+      continue;
+    }
     const JsonView entry(value, json.file(), str_cat(json.path().empty() ? "" : json.path(), "[\"", token, "\"]"));
     vocab.emplace(token, entry.as_id());
   }
@@ -77,7 +95,10 @@ std::unique_ptr<BpeModel> parse_bpe_model(const JsonView& model) {
   if (const auto list = model.find("merges")) {
     list->expect_array();
     merges.reserve(list->size());
-    for (size_t i = 0; i < list->size(); ++i) merges.push_back(parse_merge(list->element(i)));
+    for (size_t i = 0; i < list->size(); ++i) {
+      auto merge = plain_merge(list->json()[i]);
+      merges.push_back(merge ? std::move(*merge) : parse_merge(list->element(i)));
+    }
   }
   BpeOptions options;
   options.unk_token = optional_string_or_null(model, "unk_token");
