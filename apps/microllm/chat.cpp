@@ -54,9 +54,8 @@ void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
   const ChatTemplate chat = tokenizer->chat_template();
   ChatOptions chat_options;  // add_generation_prompt
   if (o.no_think) {
-    if (chat.family() == ChatFamily::qwen3) chat_options.enable_thinking = false;
-    else std::cerr << "warning: --no-think: the " << ChatTemplate::family_name(chat.family())
-                   << " chat template has no enable_thinking; ignored\n";
+    if (chat.reads_variable("enable_thinking")) chat_options.enable_thinking = false;
+    else std::cerr << "warning: --no-think: the chat template reads no enable_thinking; ignored\n";
   }
   generate::GenerateOptions options = o.options;
   options.compute_dtype = parse_dtype(o.dtype);
@@ -65,8 +64,7 @@ void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
 
   const bool interactive = isatty(STDIN_FILENO) != 0;
   if (interactive) {
-    std::cerr << "chat template " << ChatTemplate::family_name(chat.family())
-              << "; /exit or Ctrl-D ends, /reset forgets the conversation\n";
+    std::cerr << "/exit or Ctrl-D ends, /reset forgets the conversation\n";
   }
   std::vector<ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system});

@@ -9,6 +9,7 @@ namespace microllm::app {
 void register_info(CLI::App& app);  // build, devices and threads
 void register_demo(CLI::App& app);  // one decoder block from the ops, forward, backward, gradient check
 void register_tokenize(CLI::App& app);  // text <-> token ids with a Hugging Face tokenizer
+void register_template(CLI::App& app);  // a model's chat template rendered over a conversation
 void register_prepare(CLI::App& app);   // text files -> train and validation token files
 void register_train(CLI::App& app);     // train a model from scratch (or resume) on token files
 void register_generate(CLI::App& app);  // sample text from a checkpoint

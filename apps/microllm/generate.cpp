@@ -157,11 +157,10 @@ void run_generate(const GenerateCliOptions& o, const CLI::App& cmd) {
     messages.push_back({"user", prompt_text});
     ChatOptions chat_options;
     if (o.no_think) {
-      if (chat.family() == ChatFamily::qwen3)
+      if (chat.reads_variable("enable_thinking"))
         chat_options.enable_thinking = false;
       else
-        std::cerr << "warning: --no-think: the " << ChatTemplate::family_name(chat.family())
-                  << " chat template has no enable_thinking; ignored\n";
+        std::cerr << "warning: --no-think: the chat template reads no enable_thinking; ignored\n";
     }
     prompt = hf->encode(chat.render(messages, chat_options), /*add_special_tokens=*/false);
   } else {

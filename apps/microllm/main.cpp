@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   microllm::app::register_info(app);
   microllm::app::register_demo(app);
   microllm::app::register_tokenize(app);
+  microllm::app::register_template(app);
   microllm::app::register_prepare(app);
   microllm::app::register_train(app);
   microllm::app::register_generate(app);

@@ -111,7 +111,7 @@ struct Server::Impl {
     if (tokenizer && tokenizer->chat_template_source()) {
       try {
         chat_template = tokenizer->chat_template();
-      } catch (const NotSupportedError&) {  // an unknown template: /v1/chat/completions answers 400
+      } catch (const Error&) {  // a template the engine cannot parse: /v1/chat/completions answers 400
       }
     }
     // Stop ids as `microllm generate` finds them (config.json, generation_config.json, the tokenizer's eos);

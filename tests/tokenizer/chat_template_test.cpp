@@ -1,5 +1,5 @@
-// Chat templates: hand-checked renderings, recognition of the template sources, and the golden renderings
-// of transformers' apply_chat_template (tests/fixtures/tokenizer/golden_chat.jsonl, when present).
+// Chat templates: hand-checked renderings, errors that name the template line, the JSON rendering API, and the
+// golden renderings and token ids of tests/fixtures/tokenizer/golden_chat.jsonl (with the fetched tokenizers).
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -18,19 +18,28 @@ std::string template_file(const std::string& name) {
   return text;
 }
 
+ChatTemplate chat_fixture(const std::string& name, std::string bos = "", std::string eos = "") {
+  const auto path = std::filesystem::path(MICROLLM_SOURCE_DIR) / "tests" / "fixtures" / "chat_templates" / "templates" /
+                    (name + ".jinja");
+  return ChatTemplate::from_source(read_file(path), std::move(bos), std::move(eos));
+}
+
 TEST(ChatTemplate, Qwen25) {
-  const ChatTemplate t = ChatTemplate::builtin(ChatFamily::qwen2_5);
+  const ChatTemplate t = ChatTemplate::from_source(template_file("qwen2.5-instruct.jinja"));
   EXPECT_EQ(t.render({{"user", "Hello!"}}),
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(t.render({{"system", "S"}, {"user", "U"}, {"assistant", "A"}}, {.add_generation_prompt = false}),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
+  // An empty conversation: the template reads messages[0]['role'] of an empty list.
   EXPECT_THAT(testing::thrown_message<ValueError>([&] { t.render(std::vector<ChatMessage>{}); }),
-              HasSubstr("qwen2.5: the conversation is empty"));
+              HasSubstr("'list object' has no element 0"));
 }
 
 TEST(ChatTemplate, Qwen3Thinking) {
-  const ChatTemplate t = ChatTemplate::builtin(ChatFamily::qwen3);
+  const ChatTemplate t = chat_fixture("qwen3");
+  EXPECT_TRUE(t.reads_variable("enable_thinking"));
+  EXPECT_FALSE(ChatTemplate::from_source(template_file("qwen2.5-instruct.jinja")).reads_variable("enable_thinking"));
   EXPECT_EQ(t.render({{"user", "Hi"}}, {.enable_thinking = false}),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
   EXPECT_EQ(t.render({{"user", "Hi"}}, {.enable_thinking = true}),
@@ -49,22 +58,20 @@ TEST(ChatTemplate, Qwen3Thinking) {
 }
 
 TEST(ChatTemplate, DeepSeekR1AndLlama3) {
-  const ChatTemplate r1 = ChatTemplate::builtin(ChatFamily::deepseek_r1, "<｜begin▁of▁sentence｜>");
+  const ChatTemplate r1 =
+      ChatTemplate::from_source(template_file("deepseek-r1-distill-qwen.jinja"), "<｜begin▁of▁sentence｜>");
   EXPECT_EQ(r1.render({{"system", "S"}, {"user", "Hi"}, {"assistant", "<think>x</think>Yo"}, {"user", "Again"}}),
             "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜>Yo<｜end▁of▁sentence｜><｜User｜>Again<｜Assistant｜><"
             "think>\n");
-  const ChatTemplate llama = ChatTemplate::builtin(ChatFamily::llama3, "<|begin_of_text|>");
+  const ChatTemplate llama = chat_fixture("llama3-instruct", "<|begin_of_text|>");
   EXPECT_EQ(
       llama.render({{"system", " S \n"}, {"user", "Hi"}}),
       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-TEST(ChatTemplate, RecognisesTheFixtureTemplates) {
-  EXPECT_EQ(ChatTemplate::from_source(template_file("qwen2.5-instruct.jinja")).family(), ChatFamily::qwen2_5);
-  EXPECT_EQ(ChatTemplate::from_source(template_file("deepseek-r1-distill-qwen.jinja")).family(),
-            ChatFamily::deepseek_r1);
-  // Qwen2.5 variants differ in the default system prompt, which is read from the template.
+TEST(ChatTemplate, EditedTemplatesRenderAsWritten) {
+  // A fine-tune's edited template (another default system prompt) renders with its own text.
   std::string variant = template_file("qwen2.5-instruct.jinja");
   const std::string prompt = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
   for (size_t at = variant.find(prompt); at != std::string::npos; at = variant.find(prompt))
@@ -72,24 +79,60 @@ TEST(ChatTemplate, RecognisesTheFixtureTemplates) {
   EXPECT_EQ(ChatTemplate::from_source(variant).render({{"user", "x"}}),
             "<|im_start|>system\nPlease reason step by "
             "step.<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+  // Any template renders, not only known families.
+  EXPECT_EQ(ChatTemplate::from_source("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+                .render({{"user", "a"}, {"assistant", "b"}}),
+            "[user] a\n[assistant] b\n");
 }
 
-TEST(ChatTemplate, UnknownTemplatesAreNotSupported) {
+TEST(ChatTemplate, UnsupportedConstructsNameTheLine) {
   EXPECT_THAT(testing::thrown_message<NotSupportedError>(
-                  [] { ChatTemplate::from_source("{% for m in messages %}{{ m.content }}{% endfor %}"); }),
-              HasSubstr("[chat_template] unknown chat template"));
-  // One fragment changed (the generation prompt no longer opens <think>): no family claims it.
-  std::string r1 = template_file("deepseek-r1-distill-qwen.jinja");
-  r1.replace(r1.find("<think>\\n'}}"), 12, "'}}");
-  EXPECT_THROW(ChatTemplate::from_source(r1), NotSupportedError);
+                  [] { ChatTemplate::from_source("{{ bos_token }}\n{% include 'other.jinja' %}"); }),
+              HasSubstr("[chat_template] line 2, column 4: the '{% include %}' statement is not supported"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([] {
+                ChatTemplate::from_source("{%- for m in messages %}\n  {{- m.content | wordwrap(10) }}{% endfor %}");
+              }),
+              HasSubstr("line 2, column 19: the filter 'wordwrap' is not supported"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([] {
+                ChatTemplate::from_source("{{ messages[0].content.zfill(3) }}").render({{"user", "7"}});
+              }),
+              HasSubstr("line 1, column 23: the string method 'zfill' is not supported"));
+  EXPECT_THAT(testing::thrown_message<ParseError>([] { ChatTemplate::from_source("{% if x %}no end"); }),
+              HasSubstr("line 1, column 4: '{% if %}' is never closed (expected '{% endif %}')"));
+  EXPECT_THAT(testing::thrown_message<ValueError>([] {
+                ChatTemplate::from_source("{{ raise_exception('Only user and assistant roles are supported!') }}")
+                    .render({{"user", "x"}});
+              }),
+              HasSubstr("line 1, column 4: Only user and assistant roles are supported!"));
+}
+
+TEST(ChatTemplate, RendersJsonMessagesToolsAndVariables) {
+  const ChatTemplate t = ChatTemplate::from_source(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content if m.content is string else m.content | tojson "
+      "}}"
+      "{% if m.tool_calls %} calls {{ m.tool_calls[0].function | tojson }}{% endif %}\n{% endfor %}"
+      "{% if tools %}tools={{ tools | map(attribute='function.name') | join(',') }}{% endif %}"
+      "{{ ' extra=' ~ flavour if flavour is defined }}{{ ' prompt' if add_generation_prompt }}",
+      "<s>");
+  const std::string messages = R"([{"role": "user", "content": [{"type": "text", "text": "é"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1.5}}}]}])";
+  EXPECT_EQ(t.render_json({.messages_json = messages,
+                           .add_generation_prompt = true,
+                           .tools_json = R"([{"function": {"name": "f"}}, {"function": {"name": "g"}}])",
+                           .variables_json = R"({"flavour": "mint"})"}),
+            "<s>user:[{\"type\": \"text\", \"text\": \"é\"}]assistant:null calls {\"name\": \"f\", \"arguments\": "
+            "{\"x\": 1.5}}tools=f,g extra=mint prompt");
+  EXPECT_THROW(t.render_json({.messages_json = "{\"role\": \"user\"}"}), ParseError);
+  EXPECT_THROW(t.render_json({.messages_json = "[", .add_generation_prompt = false}), ParseError);
 }
 
 TEST(ChatTemplate, TokenizerConfigTemplates) {
   const auto data = tokenizers_data();
   if (!std::filesystem::exists(data / "qwen3")) GTEST_SKIP() << "no " << data << ": run scripts/fetch-tokenizers.sh";
-  EXPECT_EQ(Tokenizer::load((data / "qwen3").string()).chat_template().family(), ChatFamily::qwen3);
-  EXPECT_EQ(Tokenizer::load((data / "llama3").string()).chat_template().family(), ChatFamily::llama3);
-  EXPECT_EQ(Tokenizer::load((data / "deepseek_v3").string()).chat_template().family(), ChatFamily::deepseek_v3);
+  for (const char* name : {"qwen3", "llama3", "deepseek_v3"}) {
+    const ChatTemplate chat = Tokenizer::load((data / name).string()).chat_template();
+    EXPECT_THAT(chat.render({{"user", "Hello!"}}), HasSubstr("Hello!")) << name;
+  }
 }
 
 // ---- golden renderings ----
