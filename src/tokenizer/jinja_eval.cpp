@@ -18,6 +18,7 @@ namespace {
 constexpr int kMaxCallDepth = 200;             // macro recursion
 constexpr int64_t kMaxRangeLength = 1000000;   // range() results
 constexpr size_t kMaxOutputBytes = 64u << 20;  // a rendering's text
+constexpr int64_t kMaxSteps = 20000000;        // statements and expressions evaluated in one rendering
 
 struct Scope {
   std::shared_ptr<Scope> parent;
@@ -142,8 +143,13 @@ class Renderer {
     return Flow::normal;
   }
 
+  void count_step() {
+    if (++steps_ > kMaxSteps) fail_unsupported("a rendering of more than 20 million steps");
+  }
+
   Flow exec_node(const Node& node, const ScopePtr& scope, std::string& out) {
     position_ = node.position;
+    count_step();
     switch (node.kind) {
       case Node::Kind::text: out += node.text; return Flow::normal;
       case Node::Kind::output: out += to_str(eval(*node.expr, scope)); return Flow::normal;
@@ -276,12 +282,13 @@ class Renderer {
       if (args.positional.size() > node.parameters.size()) {
         fail(str_cat("TypeError: macro '", name, "' takes not more than ", node.parameters.size(), " argument(s)"));
       }
-      for (const auto& [keyword, value] : args.keyword) {
+      for (const auto& entry : args.keyword) {  // (clang 14 cannot capture a structured binding)
+        const std::string& keyword = entry.first;
         const bool known =
             keyword == "caller" || std::any_of(node.parameters.begin(), node.parameters.end(),
                                                [&](const MacroParameter& p) { return p.name == keyword; });
         if (!known) fail(str_cat("TypeError: macro '", name, "' takes no keyword argument '", keyword, "'"));
-        scope->variables[keyword] = value;
+        scope->variables[keyword] = entry.second;
       }
       for (size_t i = 0; i < node.parameters.size(); ++i) {
         const MacroParameter& p = node.parameters[i];
@@ -348,6 +355,7 @@ class Renderer {
 
   Value eval(const Expr& e, const ScopePtr& scope) {
     position_ = e.position;
+    count_step();
     switch (e.kind) {
       case Expr::Kind::literal: return e.value;
       case Expr::Kind::name: return lookup(scope, e.name);
@@ -461,6 +469,7 @@ class Renderer {
   ScopePtr globals_, root_;
   SourcePosition position_;
   int call_depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 void collect_names(const Expr& e, std::set<std::string>& names) {

@@ -580,7 +580,17 @@ int64_t mul_checked(int64_t a, int64_t b) {
   return r;
 }
 
+// Strings and lists no template needs beyond this size (bytes or items): a bound on what a rendering can allocate.
+constexpr int64_t kMaxSequenceSize = int64_t{64} << 20;
+
+void check_size(int64_t size) {
+  if (size > kMaxSequenceSize) fail_unsupported("a string or list longer than 64 Mi (bytes or items)");
+}
+
 Value repeat(const Value& sequence, int64_t times) {
+  check_size(mul_checked(
+      std::max<int64_t>(times, 0),
+      static_cast<int64_t>(sequence.is_string() ? sequence.as_string().size() : sequence.as_list().size())));
   if (sequence.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += sequence.as_string();
@@ -630,8 +640,12 @@ Value binary_operation(std::string_view op, const Value& a, const Value& b) {
   if (op == "+") {
     if (ints) return Value(add_checked(a.as_int(), b.as_int()));
     if (numbers) return Value(a.as_double() + b.as_double());
-    if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      check_size(static_cast<int64_t>(a.as_string().size() + b.as_string().size()));
+      return Value(a.as_string() + b.as_string());
+    }
     if (a.is_list() && b.is_list()) {
+      check_size(static_cast<int64_t>(a.as_list().size() + b.as_list().size()));
       List out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
       return Value(std::move(out));

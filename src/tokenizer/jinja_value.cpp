@@ -111,6 +111,8 @@ std::string python_float_repr(double d) {
 
 namespace {
 
+constexpr int kMaxNesting = 200;
+
 // Python's str.isprintable() for one code point: not Cc, Cf, Cs, Co, Cn, Zl, Zp, nor Zs other than ' '.
 bool is_printable(char32_t cp) {
   if (cp == ' ') return true;
@@ -171,8 +173,17 @@ std::string dict_repr(const Dict& dict) {
   return out + "}";
 }
 
-// repr of an element inside a container: Undefined shows as its class name there.
-std::string repr_in(const Value& v) { return v.is_undefined() ? "Undefined" : repr(v); }
+// repr of an element inside a container: Undefined shows as its class name there. Nesting is bounded: a
+// namespace can hold itself (`set ns.me = ns`).
+std::string repr_in(const Value& v) {
+  thread_local int depth = 0;
+  if (depth > kMaxNesting) fail_unsupported("a value nested deeper than 200 levels");
+  ++depth;
+  struct Leave {
+    ~Leave() { --depth; }
+  } leave;
+  return v.is_undefined() ? "Undefined" : repr(v);
+}
 
 }  // namespace
 
@@ -280,6 +291,7 @@ void json_string(std::string& out, const std::string& s) {
 
 void json_value(std::string& out, const Value& v, const JsonDumpOptions& options,
                 const std::pair<std::string, std::string>& separators, int depth) {
+  if (depth > kMaxNesting) fail_unsupported("a value nested deeper than 200 levels");
   const auto newline = [&](int level) {
     if (!options.indent) return;
     out += '\n';

@@ -139,5 +139,16 @@ TEST(Jinja, SyntaxErrorsNameTheLine) {
               HasSubstr("SecurityError: access to attribute 'append' of 'list' object is unsafe."));
 }
 
+TEST(Jinja, BoundedWhereATemplateCouldRunAway) {
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>(
+                  [] { render("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"); }),
+              HasSubstr("a value nested deeper than 200 levels is not supported"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>([] { render("{{ 'ab' * 100000000 }}"); }),
+              HasSubstr("a string or list longer than 64 Mi"));
+  EXPECT_THAT(testing::thrown_message<NotSupportedError>(
+                  [] { render("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}"); }),
+              HasSubstr("macro recursion deeper than 200 calls"));
+}
+
 }  // namespace
 }  // namespace microllm::testing
