@@ -34,6 +34,21 @@ struct Candidate {
 
 }  // namespace
 
+bool append_byte_fallback(const Model& model, std::string_view text, std::vector<int32_t>& out) {
+  const size_t first = out.size();
+  for (const char c : text) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned>(static_cast<uint8_t>(c)));
+    const auto id = model.token_to_id(name);
+    if (!id) {
+      out.resize(first);
+      return false;
+    }
+    out.push_back(*id);
+  }
+  return true;
+}
+
 BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options,
                    const std::function<std::string(size_t)>& merge_where)
     : vocab_(std::move(vocab)), options_(std::move(options)) {
@@ -141,14 +156,7 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     }
     if (options_.byte_fallback) {
       std::vector<int32_t> bytes;
-      for (const char c : piece) {
-        char name[8];
-        std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned>(static_cast<uint8_t>(c)));
-        const auto id = token_to_id(name);
-        if (!id) break;
-        bytes.push_back(*id);
-      }
-      if (bytes.size() == piece.size()) {
+      if (append_byte_fallback(*this, piece, bytes)) {
         for (const int32_t id : bytes) add(id, 1);
         continue;
       }

@@ -14,13 +14,9 @@
 #include <utility>
 #include <vector>
 
-namespace microllm::tokenizer_detail {
+#include "tokenizer/model.h"
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using Vocab = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+namespace microllm::tokenizer_detail {
 
 struct BpeOptions {
   std::optional<std::string> unk_token;
@@ -31,7 +27,7 @@ struct BpeOptions {
   bool ignore_merges = false;  // a word that is itself in the vocabulary is one token (Llama 3)
 };
 
-class BpeModel {
+class BpeModel final : public Model {
  public:
   // `where` prefixes the errors (a merge naming a token that is not in the vocabulary).
   // `merge_where(i)` names merge i in messages ("model.merges[12]").
@@ -39,12 +35,11 @@ class BpeModel {
            const std::function<std::string(size_t)>& merge_where);
 
   // Appends the ids of one pre-token (already in the model's alphabet, e.g. byte-level characters).
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const override;
 
-  std::optional<int32_t> token_to_id(std::string_view token) const;
-  const std::string* id_to_token(int32_t id) const;
-  size_t vocab_size() const { return vocab_.size(); }
-  const Vocab& vocab() const { return vocab_; }
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+  const std::string* id_to_token(int32_t id) const override;
+  size_t vocab_size() const override { return vocab_.size(); }
 
  private:
   struct MergeValue {

@@ -9,6 +9,7 @@
 #include "microllm/core/error.h"
 #include "tokenizer/json_view.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unigram.h"
 
 namespace microllm::tokenizer_detail {
 
@@ -77,11 +78,33 @@ std::optional<std::string> optional_string_or_null(const JsonView& json, std::st
   return json.optional_string(key);
 }
 
-std::unique_ptr<BpeModel> parse_bpe_model(const JsonView& model) {
+// Unigram: "vocab" is a list of [piece, score]; "unk_id" an index into it or null.
+std::unique_ptr<Model> parse_unigram_model(const JsonView& model) {
+  const JsonView list = model.at("vocab");
+  list.expect_array();
+  std::vector<std::pair<std::string, double>> pieces;
+  pieces.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& entry = list.json()[i];
+    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() || !entry[1].is_number())
+      list.element(i).fail("is not a [piece, score] pair");
+    pieces.emplace_back(entry[0].get<std::string>(), entry[1].get<double>());
+  }
+  std::optional<int32_t> unk_id;
+  if (const auto unk = model.find("unk_id")) {
+    unk_id = unk->as_id();
+    if (static_cast<size_t>(*unk_id) >= pieces.size())
+      unk->fail(str_cat("is not an index into model.vocab (", *unk_id, "; it has ", pieces.size(), " pieces)"));
+  }
+  return std::make_unique<UnigramModel>(std::move(pieces), unk_id, model.bool_or("byte_fallback", false));
+}
+
+std::unique_ptr<Model> parse_model(const JsonView& model) {
   model.expect_object();
   if (const auto type = model.find("type"); type && type->as_string() != "BPE") {
-    throw NotSupportedError(
-        "tokenizer", str_cat(type->where(), ": the model '", type->as_string(), "' is not supported (only BPE)"));
+    if (type->as_string() == "Unigram") return parse_unigram_model(model);
+    throw NotSupportedError("tokenizer", str_cat(type->where(), ": the model '", type->as_string(),
+                                                 "' is not supported (only BPE and Unigram)"));
   }
   if (const auto dropout = model.find("dropout")) {
     if (!dropout->json().is_number())
@@ -271,7 +294,7 @@ std::shared_ptr<TokenizerImpl> build_from_bpe_files(const std::string& vocab_pat
 
 }  // namespace
 
-std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> tokens, const BpeModel& model) {
+std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> tokens, const Model& model) {
   std::vector<AddedTokenInfo> out;
   std::unordered_map<std::string, size_t> index_of;
   const auto vocab_size = static_cast<int64_t>(model.vocab_size());
@@ -305,7 +328,7 @@ std::shared_ptr<TokenizerImpl> parse_tokenizer_json(std::string_view text, const
   top.expect_object();
   auto impl = std::make_shared<TokenizerImpl>();
   impl->source = file;
-  impl->model = parse_bpe_model(top.at("model"));
+  impl->model = parse_model(top.at("model"));
   if (const auto n = top.find("normalizer")) impl->normalizer = parse_normalizer(*n);
   if (const auto p = top.find("pre_tokenizer")) impl->pre_tokenizer = parse_pre_tokenizer(*p);
   if (const auto p = top.find("post_processor")) impl->post_processor = parse_post_processor(*p);

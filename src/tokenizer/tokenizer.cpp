@@ -1,6 +1,7 @@
 // The encode/decode pipeline and the public Tokenizer and StreamDecoder.
 #include "microllm/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "microllm/core/error.h"
@@ -141,8 +142,10 @@ std::vector<int32_t> Tokenizer::stop_ids(bool chat) const {
   std::vector<int32_t> ids;
   if (const std::optional<int32_t> eos = eos_id()) ids.push_back(*eos);
   if (chat) {
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"}) {
-      if (const std::optional<int32_t> id = token_to_id(end_of_turn)) ids.push_back(*id);
+    for (const char* end_of_turn :
+         {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<end_of_turn>", "<|end|>"}) {
+      const std::optional<int32_t> id = token_to_id(end_of_turn);
+      if (id && std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
     }
   }
   return ids;

@@ -1,7 +1,7 @@
 // The parts of a loaded tokenizer and the encode/decode pipeline over them:
 //   text -> added tokens split out (raw, then normalized) -> normalizer on the pieces between them ->
-//   pre-tokenizer -> BPE per word -> post-processor (add_special_tokens); and back: ids -> token texts ->
-//   decoder stream -> bytes -> UTF-8.
+//   pre-tokenizer -> the model (BPE or Unigram) per word -> post-processor (add_special_tokens); and back: ids -> token
+//   texts -> decoder stream -> bytes -> UTF-8.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ struct TokenizerImpl {
   std::string source;  // the file or directory, for messages
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
-  std::unique_ptr<BpeModel> model;
+  std::unique_ptr<Model> model;  // BPE or Unigram
   AddedVocabulary added;
   std::unique_ptr<PostProcessor> post_processor;
   std::unique_ptr<Decoder> decoder;  // never null (the join decoder stands for "none")
@@ -48,6 +48,6 @@ std::shared_ptr<TokenizerImpl> load_bpe_files(const std::string& vocab_path, con
 
 // Added tokens get ids as Hugging Face's AddedVocabulary::add_tokens gives them: the id of the same
 // content in the model's vocabulary, else the next free id after the model's.
-std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> tokens, const BpeModel& model);
+std::vector<AddedTokenInfo> assign_added_token_ids(std::vector<AddedTokenInfo> tokens, const Model& model);
 
 }  // namespace microllm::tokenizer_detail

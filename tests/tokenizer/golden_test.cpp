@@ -38,12 +38,25 @@ std::vector<std::string> golden_texts(const Json& meta) {
 }
 
 // The `tokenizers` reference is tokenizer.json alone; a variant (variants.json) is its base's tokenizer.json
-// with the top-level parts of meta.overrides replaced.
+// with the top-level parts of meta.overrides replaced, and with meta.unigram_from_vocab a Unigram model over
+// the BPE vocabulary's pieces (id i scored -(i + 1) / 1000).
 Tokenizer reference_tokenizer(const std::filesystem::path& dir, const Json& meta) {
   const bool has_json = std::filesystem::exists(dir / "tokenizer.json");
   if (!meta.contains("overrides")) return Tokenizer::load((has_json ? dir / "tokenizer.json" : dir).string());
   Json json = Json::parse(read_file(dir / "tokenizer.json"));
   for (const auto& [key, value] : meta["overrides"].items()) json[key] = value;
+  if (meta.contains("unigram_from_vocab")) {
+    Json pieces = Json::array();
+    for (const auto& [piece, id] : json["model"]["vocab"].items()) {
+      if (pieces.size() <= id.get<size_t>()) pieces.get_ref<Json::array_t&>().resize(id.get<size_t>() + 1);
+      pieces[id.get<size_t>()] = Json::array({piece, -(id.get<double>() + 1) / 1000});
+    }
+    const Json& settings = meta["unigram_from_vocab"];
+    json["model"] = {{"type", "Unigram"},
+                     {"unk_id", settings["unk_id"]},
+                     {"byte_fallback", settings["byte_fallback"]},
+                     {"vocab", pieces}};
+  }
   return Tokenizer::from_json_text(json.dump(), (dir / "tokenizer.json").string() + " (variant)");
 }
 
@@ -135,7 +148,8 @@ TEST_P(TokenizerGolden, MatchesHuggingFace) {
 
 INSTANTIATE_TEST_SUITE_P(Real, TokenizerGolden,
                          ::testing::Values("qwen3", "llama3", "deepseek_v3", "gpt2", "llama2", "gemma3", "o200k",
-                                           "llama2_metaspace", "llama2_metaspace_split", "llama2_metaspace_never"));
+                                           "llama2_metaspace", "llama2_metaspace_split", "llama2_metaspace_never",
+                                           "llama2_unigram"));
 
 }  // namespace
 }  // namespace microllm::testing

@@ -136,6 +136,7 @@ TEST(RealTokenizer, Gemma3) {
   EXPECT_EQ(tok.eos_id(), 106);  // tokenizer_config.json's eos is <end_of_turn>
   EXPECT_EQ(tok.pad_id(), 0);
   EXPECT_EQ(tok.vocab_size(), 262145u);
+  EXPECT_EQ(tok.stop_ids(true), (Ids{106}));  // eos is the end of a turn, listed once
   expect_round_trips(tok, "gemma3", 0x2581);
 }
 

@@ -168,6 +168,39 @@ TEST(SentencePiece, StripDecoder) {
   EXPECT_EQ(tokenizer_of(j).decode(Ids{kMarkA, kMarkA}), " a a");
 }
 
+// Unigram: the segmentation with the highest total score; a character with no piece of its own is <unk>
+// scored (lowest score - 10), and runs of them are one <unk>, or their bytes with byte_fallback.
+TEST(SentencePiece, UnigramViterbi) {
+  Json pieces = Json::array({Json::array({"<unk>", 0.0}), Json::array({"a", -1.0}), Json::array({"b", -1.0}),
+                             Json::array({"ab", -1.5}), Json::array({"abc", -30.0}), Json::array({"bc", -2.5}),
+                             Json::array({"<0x63>", -5.0})});
+  Json j = {{"model", {{"type", "Unigram"}, {"unk_id", 0}, {"vocab", pieces}}}};
+  const Tokenizer tok = tokenizer_of(j);
+  EXPECT_EQ(tok.encode("ab"), (Ids{3}));  // -1.5 beats a + b (-2)
+  EXPECT_EQ(tok.encode("abab"), (Ids{3, 3}));
+  EXPECT_EQ(tok.encode("abc"), (Ids{1, 5}));  // a + bc (-3.5) beats abc (-30) and ab + <unk> (-1.5 - 40)
+  EXPECT_EQ(tok.encode("xy"), (Ids{0})) << "two unknown characters, one <unk>";
+  EXPECT_EQ(tok.encode("axyb"), (Ids{1, 0, 2}));
+  EXPECT_EQ(tok.encode("c"), (Ids{0})) << "<0x63> is a piece, but not the character c";
+  j["model"]["byte_fallback"] = true;
+  EXPECT_EQ(tokenizer_of(j).encode("ac"), (Ids{1, 6})) << "byte fallback for the unknown c";
+  EXPECT_EQ(tokenizer_of(j).encode("x"), (Ids{0})) << "no <0x78>: <unk>";
+  EXPECT_EQ(tok.decode(Ids{3, 1, 0}), "ab a <unk>") << "no decoder: joined by spaces";
+  EXPECT_EQ(tok.vocab_size(), 7u);
+  EXPECT_EQ(tok.id_to_token(5), "bc");
+
+  j["model"].erase("unk_id");
+  EXPECT_THAT(testing::thrown_message<ValueError>([&] { tokenizer_of(j).encode("x"); }),
+              HasSubstr("the Unigram model has no piece for 'x' and no unk_id"));
+  j["model"]["unk_id"] = 7;
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { tokenizer_of(j); }),
+              HasSubstr("model.unk_id is not an index into model.vocab (7; it has 7 pieces)"));
+  j["model"]["unk_id"] = 0;
+  j["model"]["vocab"][2] = Json::array({"b"});
+  EXPECT_THAT(testing::thrown_message<ParseError>([&] { tokenizer_of(j); }),
+              HasSubstr("model.vocab[2] is not a [piece, score] pair"));
+}
+
 TEST(SentencePiece, ByteTokenNames) {
   unsigned char byte = 0;
   EXPECT_TRUE(tokenizer_detail::parse_byte_token("<0x0A>", byte));
@@ -196,9 +229,9 @@ TEST(SentencePiece, RefusedDecodersSayWhich) {
   EXPECT_THAT(refusal(sequence(Json::array({simple("Fuse"), replace({{"Regex", "a"}}, "x")}))),
               HasSubstr("the decoder 'Replace' after Fuse"));
   EXPECT_THAT(refusal(simple("CTC")), HasSubstr("decoder.type: the decoder 'CTC' is not supported"));
-  j["model"]["type"] = "Unigram";
+  j["model"]["type"] = "WordLevel";
   EXPECT_THAT(testing::thrown_message<NotSupportedError>([&] { tokenizer_of(j); }),
-              HasSubstr("model.type: the model 'Unigram' is not supported"));
+              HasSubstr("model.type: the model 'WordLevel' is not supported (only BPE and Unigram)"));
 }
 
 TEST(SentencePiece, MalformedSettings) {

@@ -51,7 +51,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMES = ["qwen3", "llama3", "deepseek_v3", "gpt2", "llama2", "gemma3", "o200k",
-         "llama2_metaspace", "llama2_metaspace_split", "llama2_metaspace_never"]
+         "llama2_metaspace", "llama2_metaspace_split", "llama2_metaspace_never", "llama2_unigram"]
 TEXT_FILES = ["texts.jsonl", "texts_byte_fallback.jsonl"]
 
 # (template name, template source: a fixture file or None for the tokenizer's own, tokenizer directory)
@@ -137,6 +137,12 @@ def load_reference(name, data, variants):
     if variant is not None:
         spec = json.loads((data / variant["base"] / "tokenizer.json").read_text(encoding="utf-8"))
         spec.update(variant["overrides"])
+        if "unigram_from_vocab" in variant:  # the piece of id i scored -(i + 1) / 1000
+            pieces = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+            assert [i for _, i in pieces] == list(range(len(pieces))), "unigram_from_vocab needs ids 0..n-1"
+            settings = variant["unigram_from_vocab"]
+            spec["model"] = {"type": "Unigram", "unk_id": settings["unk_id"], "byte_fallback": settings["byte_fallback"],
+                             "vocab": [[piece, -(i + 1) / 1000] for piece, i in pieces]}
         return tokenizers.Tokenizer.from_str(json.dumps(spec)), None, variant
     try:
         raw, hf = load(name, data)
@@ -195,6 +201,8 @@ def golden_tokens(name, data, fixtures, variants, out_dir):
     }
     if variant:
         meta.update({"base": variant["base"], "about": variant["about"], "overrides": variant["overrides"]})
+        if "unigram_from_vocab" in variant:
+            meta["unigram_from_vocab"] = variant["unigram_from_vocab"]
         if texts_lines:
             meta["texts_lines"] = texts_lines
     if hf is not None:

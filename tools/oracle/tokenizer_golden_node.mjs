@@ -33,7 +33,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '.
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((pairs, arg, i, all) => (arg.startsWith('--') ? [...pairs, [arg.slice(2), all[i + 1]]] : pairs), []),
 );
-const names = (args.names ?? 'llama2,gemma3,o200k,llama2_metaspace,llama2_metaspace_split,llama2_metaspace_never')
+const names = (args.names ?? 'llama2,gemma3,o200k,llama2_metaspace,llama2_metaspace_split,llama2_metaspace_never,llama2_unigram')
   .split(',')
   .filter(Boolean);
 const checkNames = (args.check ?? 'qwen3,llama3,deepseek_v3').split(',').filter(Boolean);
@@ -116,11 +116,23 @@ function caseIds(tok, tokens, config) {
   return ids;
 }
 
+// variants.json's unigram_from_vocab: a Unigram model over the pieces of a BPE vocabulary, the piece of
+// id i scored -(i + 1) / 1000.
+function unigramFromVocab(vocab, settings) {
+  const pieces = Object.entries(vocab).sort((a, b) => a[1] - b[1]);
+  pieces.forEach(([, id], i) => {
+    if (id !== i) throw new Error(`unigram_from_vocab needs ids 0..n-1 (id ${id} at ${i})`);
+  });
+  return { type: 'Unigram', unk_id: settings.unk_id, byte_fallback: settings.byte_fallback,
+           vocab: pieces.map(([piece, id]) => [piece, -(id + 1) / 1000]) };
+}
+
 async function writeGolden(name) {
   const variant = JSON.parse(fs.readFileSync(path.join(fixtures, 'variants.json'), 'utf8')).variants[name] ?? null;
   const dir = path.join(data, variant ? variant.base : name);
   const json = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer.json'), 'utf8'));
   if (variant) Object.assign(json, variant.overrides);
+  if (variant?.unigram_from_vocab) json.model = unigramFromVocab(json.model.vocab, variant.unigram_from_vocab);
   const tok = Tokenizer.fromString(JSON.stringify(json));
   const config = fs.existsSync(path.join(dir, 'tokenizer_config.json'))
     ? JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'))
@@ -167,6 +179,7 @@ async function writeGolden(name) {
     name,
     source: fs.existsSync(path.join(dir, 'SOURCE')) ? fs.readFileSync(path.join(dir, 'SOURCE'), 'utf8').trim() : '',
     ...(variant ? { base: variant.base, about: variant.about, overrides: variant.overrides } : {}),
+    ...(variant?.unigram_from_vocab ? { unigram_from_vocab: variant.unigram_from_vocab } : {}),
     texts_files: TEXT_FILES,
     ...(variant?.texts_lines ? { texts_lines: variant.texts_lines } : {}),
     texts_sha256: Object.fromEntries(TEXT_FILES.map((f) => [f, sha256(path.join(fixtures, f))])),

