@@ -4,7 +4,9 @@
 #include <tuple>
 
 #include "microllm/autograd/functions.h"
+#include "microllm/nn/taps.h"
 #include "microllm/nn/transformer.h"
+#include "microllm/ops/attention.h"
 #include "microllm/profile/trace.h"
 
 namespace microllm::nn {
@@ -19,6 +21,12 @@ Tensor Initializer::normal(const Shape& shape) {
 // the gradient of an f32 master arrives in f32).
 static Variable as_compute(const Variable& parameter, const ForwardContext& ctx) {
   return ag::cast(parameter, ctx.compute_dtype);
+}
+
+// The tap <module>.<point> of this forward (nn/taps.h); without taps, x itself and no name is built.
+static Variable tap(const ForwardContext& ctx, const std::string& module, const char* point, const Variable& x) {
+  if (ctx.taps == nullptr) return x;
+  return (*ctx.taps)(*point ? str_cat(module, ".", point) : module, x);
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Initializer& init) {
@@ -108,7 +116,8 @@ std::pair<Variable, Variable> RMSNorm::forward_residual(const Variable& x, const
   return ag::rms_norm_residual(x, residual, as_compute(*weight_, ctx), eps_);
 }
 
-Attention::Attention(const AttentionConfig& config, Initializer& init) : config_(config) {
+Attention::Attention(const AttentionConfig& config, Initializer& init, std::string name)
+    : config_(config), name_(std::move(name)) {
   const int64_t q_dim = config.num_heads * config.head_dim, kv_dim = config.num_kv_heads * config.head_dim;
   q_proj_ = &register_module("q_proj", std::make_unique<Linear>(config.hidden_size, q_dim, config.qkv_bias, init));
   k_proj_ = &register_module("k_proj", std::make_unique<Linear>(config.hidden_size, kv_dim, config.qkv_bias, init));
@@ -123,27 +132,39 @@ Attention::Attention(const AttentionConfig& config, Initializer& init) : config_
 
 Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const {
   const int64_t batch = x.size(0), tokens = x.size(1), d = config_.head_dim;
-  Variable q = ag::reshape(q_proj_->forward(x, ctx), {batch, tokens, config_.num_heads, d});     // [B, T, Hq, D]
-  Variable k = ag::reshape(k_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});  // [B, T, Hkv, D]
-  Variable v = ag::reshape(v_proj_->forward(x, ctx), {batch, tokens, config_.num_kv_heads, d});
+  auto project = [&](const Linear* proj, const char* point, int64_t heads) {  // -> [B, T, heads, D]
+    return ag::reshape(tap(ctx, name_, point, proj->forward(x, ctx)), {batch, tokens, heads, d});
+  };
+  Variable q = project(q_proj_, "q_proj", config_.num_heads);
+  Variable k = project(k_proj_, "k_proj", config_.num_kv_heads);
+  Variable v = project(v_proj_, "v_proj", config_.num_kv_heads);
   if (q_norm_) {
-    q = q_norm_->forward(q, ctx);
-    k = k_norm_->forward(k, ctx);
+    q = tap(ctx, name_, "q_norm", q_norm_->forward(q, ctx));
+    k = tap(ctx, name_, "k_norm", k_norm_->forward(k, ctx));
   }
   Tensor positions = ctx.positions;
   if (!positions.defined()) {
     positions = Tensor::arange(0, static_cast<double>(tokens), 1, DType::i64, x.device());
   }
-  q = ag::rope(q, positions, config_.rope);
-  k = ag::rope(k, positions, config_.rope);
-  Variable out = ag::attention(ag::transpose(q, 1, 2), ag::transpose(k, 1, 2), ag::transpose(v, 1, 2),
-                               AttentionParams{}, ctx.attention_mask);  // [B, Hq, T, D]
-  out = ag::reshape(ag::transpose(out, 1, 2), {batch, tokens, config_.num_heads * d});
-  return o_proj_->forward(out, ctx);
+  q = tap(ctx, name_, "q_rotary", ag::rope(q, positions, config_.rope));
+  k = tap(ctx, name_, "k_rotary", ag::rope(k, positions, config_.rope));
+  const Variable q_heads = ag::transpose(q, 1, 2), k_heads = ag::transpose(k, 1, 2);  // [B, H, T, D]
+  if (ctx.taps) {
+    const std::string point = str_cat(name_, ".attn_weights");
+    if (ctx.taps->wants(point)) {
+      ctx.taps->record(point, microllm::attention_weights(q_heads.value(), k_heads.value(), AttentionParams{},
+                                                ctx.attention_mask));
+    }
+  }
+  Variable out = ag::attention(q_heads, k_heads, ag::transpose(v, 1, 2), AttentionParams{},
+                               ctx.attention_mask);  // [B, Hq, T, D]
+  out = tap(ctx, name_, "o_proj.input", ag::reshape(ag::transpose(out, 1, 2), {batch, tokens, config_.num_heads * d}));
+  return tap(ctx, name_, "o_proj", o_proj_->forward(out, ctx));
 }
 
-Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init)
-    : activation_(activation) {
+Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init,
+         std::string name)
+    : activation_(activation), name_(std::move(name)) {
   gate_proj_ = &register_module("gate_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
   up_proj_ = &register_module("up_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
   down_proj_ = &register_module("down_proj", std::make_unique<Linear>(intermediate_size, hidden_size, false, init));
@@ -151,29 +172,32 @@ Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activatio
 }
 
 Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
-  const Variable gate = gate_proj_->forward(x, ctx), up = up_proj_->forward(x, ctx);
-  if (activation_ == MlpActivation::silu) return down_proj_->forward(ag::swiglu(gate, up), ctx);
-  return down_proj_->forward(ag::binary(BinaryOp::mul, ag::unary(UnaryOp::gelu_tanh, gate), up), ctx);
+  const Variable gate = tap(ctx, name_, "gate_proj", gate_proj_->forward(x, ctx));
+  const Variable up = tap(ctx, name_, "up_proj", up_proj_->forward(x, ctx));
+  const Variable hidden = activation_ == MlpActivation::silu
+                              ? ag::swiglu(gate, up)
+                              : ag::binary(BinaryOp::mul, ag::unary(UnaryOp::gelu_tanh, gate), up);
+  return tap(ctx, name_, "", down_proj_->forward(tap(ctx, name_, "down_proj.input", hidden), ctx));
 }
 
 DecoderLayer::DecoderLayer(const TransformerConfig& config, int index, Initializer& init)
-    : placement_(config.norm_placement), index_(index) {
+    : placement_(config.norm_placement), index_(index), name_(str_cat("model.layers.", index)) {
   const AttentionConfig attention = config.attention();
   auto norm = [&] { return std::make_unique<RMSNorm>(config.hidden_size, config.rms_norm_eps); };
   input_layernorm_ = &register_module("input_layernorm", norm());
-  self_attn_ = &register_module("self_attn", std::make_unique<Attention>(attention, init));
+  self_attn_ = &register_module("self_attn", std::make_unique<Attention>(attention, init, name_ + ".self_attn"));
   post_attention_layernorm_ = &register_module("post_attention_layernorm", norm());
   if (placement_ == NormPlacement::sandwich) {
     pre_feedforward_layernorm_ = &register_module("pre_feedforward_layernorm", norm());
     post_feedforward_layernorm_ = &register_module("post_feedforward_layernorm", norm());
   }
-  mlp_ = &register_module(
-      "mlp", std::make_unique<Mlp>(config.hidden_size, config.intermediate_size, config.mlp_activation, init));
+  mlp_ = &register_module("mlp", std::make_unique<Mlp>(config.hidden_size, config.intermediate_size,
+                                                       config.mlp_activation, init, name_ + ".mlp"));
 }
 
 Variable DecoderLayer::forward(const Variable& x, const ForwardContext& ctx) const {
   auto [delta, h] = forward_unsummed(x, Variable(), ctx);
-  return ag::add(h, delta);
+  return tap(ctx, name_, "", ag::add(h, delta));
 }
 
 std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, const Variable& residual,
@@ -187,14 +211,23 @@ std::pair<Variable, Variable> DecoderLayer::forward_unsummed(const Variable& x, 
   } else {
     normed = input_layernorm_->forward(x, ctx);
   }
+  normed = tap(ctx, name_, "input_layernorm", normed);
   Variable attn = self_attn_->forward(normed, ctx);
+  // h = stream + delta and norm(h): one fused kernel, or with taps the sum as a point of its own, so that the
+  // gradient recorded there is all of h's (the norm's share included).
+  auto residual_then_norm = [&](const Variable& delta, const RMSNorm& norm) -> std::pair<Variable, Variable> {
+    if (ctx.taps == nullptr) return norm.forward_residual(delta, stream, ctx);
+    const Variable h = tap(ctx, name_, "attention_residual", ag::add(stream, delta));
+    return {norm.forward(h, ctx), h};
+  };
   if (placement_ == NormPlacement::pre) {
-    auto [normed2, h] = post_attention_layernorm_->forward_residual(attn, stream, ctx);  // h = stream + attn
-    return {mlp_->forward(normed2, ctx), h};
+    auto [normed2, h] = residual_then_norm(attn, *post_attention_layernorm_);
+    return {mlp_->forward(tap(ctx, name_, "post_attention_layernorm", normed2), ctx), h};
   }
-  attn = post_attention_layernorm_->forward(attn, ctx);
-  auto [normed2, h] = pre_feedforward_layernorm_->forward_residual(attn, stream, ctx);
-  return {post_feedforward_layernorm_->forward(mlp_->forward(normed2, ctx), ctx), h};
+  attn = tap(ctx, name_, "post_attention_layernorm", post_attention_layernorm_->forward(attn, ctx));
+  auto [normed2, h] = residual_then_norm(attn, *pre_feedforward_layernorm_);
+  const Variable mlp = mlp_->forward(tap(ctx, name_, "pre_feedforward_layernorm", normed2), ctx);
+  return {tap(ctx, name_, "post_feedforward_layernorm", post_feedforward_layernorm_->forward(mlp, ctx)), h};
 }
 
 }  // namespace microllm::nn

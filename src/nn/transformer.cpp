@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "microllm/autograd/functions.h"
+#include "microllm/nn/taps.h"
 
 namespace microllm::nn {
 
@@ -94,12 +95,41 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   if (!ctx.positions.defined()) {
     ctx.positions = Tensor::arange(0, static_cast<double>(ids.size(1)), 1, DType::i64, ids.device());
   }
-  // The residual stream as (delta, residual): each sum is left to the next RMSNorm's fused kernel.
-  Variable delta = embed_tokens_->forward(ids, ctx), residual;
-  for (const DecoderLayer* layer : layers_) std::tie(delta, residual) = layer->forward_unsummed(delta, residual, ctx);
-  const Variable h = norm_->forward_residual(delta, residual, ctx).first;
-  if (lm_head_) return lm_head_->forward(h, ctx);
-  return ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied head
+  Variable h;
+  if (ctx.taps) {  // the residual stream summed after each block, so that each block's output is a point
+    Taps& taps = *ctx.taps;
+    h = taps("model.embed_tokens", embed_tokens_->forward(ids, ctx));
+    for (const DecoderLayer* layer : layers_) h = layer->forward(h, ctx);
+    h = taps("model.norm", norm_->forward(h, ctx));
+  } else {  // the stream as (delta, residual): each sum is left to the next RMSNorm's fused kernel
+    Variable delta = embed_tokens_->forward(ids, ctx), residual;
+    for (const DecoderLayer* layer : layers_) std::tie(delta, residual) = layer->forward_unsummed(delta, residual, ctx);
+    h = norm_->forward_residual(delta, residual, ctx).first;
+  }
+  const Variable logits = lm_head_ ? lm_head_->forward(h, ctx)
+                                   : ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied
+  return ctx.taps ? (*ctx.taps)("logits", logits) : logits;
+}
+
+std::vector<Tensor> attention_weights(const TransformerLM& model, const Tensor& ids, const std::vector<int>& layers,
+                                      const ForwardContext& context) {
+  const int num_layers = static_cast<int>(model.layers().size());
+  std::vector<std::string> names;
+  for (int layer : layers) {
+    MICROLLM_CHECK(layer >= 0 && layer < num_layers, IndexError, "attention_weights", "layer ", layer,
+                   " is outside the model's ", num_layers, " layers");
+    names.push_back(str_cat("model.layers.", layer, ".self_attn.attn_weights"));
+  }
+  Taps taps(names);
+  ForwardContext ctx = context;
+  ctx.taps = &taps;
+  {
+    autograd::NoGradGuard no_grad;
+    model.forward(ids, ctx);
+  }
+  std::vector<Tensor> weights;
+  for (const std::string& name : names) weights.push_back(*taps.value(name));
+  return weights;
 }
 
 void TransformerLM::fuse_projections() {

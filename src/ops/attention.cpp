@@ -3,8 +3,13 @@
 #include "microllm/ops/attention.h"
 
 #include <cmath>
+#include <limits>
 
 #include "checks.h"
+#include "microllm/ops/elementwise.h"
+#include "microllm/ops/matmul.h"
+#include "microllm/ops/reduce.h"
+#include "microllm/ops/softmax.h"
 
 namespace microllm {
 namespace {
@@ -95,6 +100,32 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
       .attention_backward(q, k, v, full_mask, params, forward.out, forward.lse, grad_out, grads.grad_q, grads.grad_k,
                           grads.grad_v);
   return grads;
+}
+
+// The probabilities the fused kernels never materialize, by composition: f32 scores of each kv head's query group
+// as one matrix product, the causal rule and the mask as -inf, a softmax, and rows without a key set to 0.
+Tensor attention_weights(const Tensor& q, const Tensor& k, const AttentionParams& params, const Tensor& mask) {
+  const Tensor full_mask = check_inputs("attention_weights", q, k, k, params, mask);
+  const int64_t batch = q.size(0), q_heads = q.size(1), tokens = q.size(2), head_dim = q.size(3);
+  const int64_t kv_heads = k.size(1), keys = k.size(2), group = q_heads / kv_heads;
+  const double scale = params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const Tensor queries = cast(q, DType::f32).contiguous().reshape({batch, kv_heads, group * tokens, head_dim});
+  Tensor scores = microllm::scale(matmul(queries, cast(k, DType::f32), false, true), scale)
+                      .reshape({batch, q_heads, tokens, keys});
+  const double minus_infinity = -std::numeric_limits<double>::infinity();
+  if (params.causal) {  // key j is hidden from query i when j > q_offset + i
+    const Tensor key_index = Tensor::arange(0, static_cast<double>(keys), 1, DType::i64, q.device()).reshape({1, keys});
+    const Tensor query_index =
+        Tensor::arange(static_cast<double>(params.q_offset), static_cast<double>(params.q_offset + tokens), 1,
+                       DType::i64, q.device())
+            .reshape({tokens, 1});
+    scores = masked_fill(scores, gt(key_index, query_index).expand(scores.shape()), minus_infinity);
+  }
+  if (full_mask.defined()) {
+    scores = masked_fill(scores, eq(full_mask, Tensor::scalar(0, DType::u8, q.device())), minus_infinity);
+  }
+  const Tensor no_key = eq(max(scores, -1, /*keepdim=*/true), Tensor::scalar(minus_infinity, DType::f32, q.device()));
+  return masked_fill(softmax(scores, -1), no_key.expand(scores.shape()), 0);
 }
 
 }  // namespace microllm

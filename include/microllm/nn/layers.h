@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,7 @@
 namespace microllm::nn {
 
 struct TransformerConfig;
+class Taps;
 
 // Where a block's RMSNorms sit (DecoderLayer).
 enum class NormPlacement : uint8_t { pre, sandwich };
@@ -29,6 +31,7 @@ struct ForwardContext {
   Tensor positions;                  // [B, T] or [T] i64: the absolute position of each token; undefined: 0..T-1
   DType compute_dtype = DType::f32;  // parameters are cast to it: f32 masters with bf16 compute in mixed precision
   Tensor attention_mask;             // optional u8, broadcastable to [B, Hq, T, T] (padding in batches)
+  Taps* taps = nullptr;              // the named points to report (nn/taps.h); null: none, at no cost
 };
 
 // Where new parameters get their values: weights Normal(0, std) from a seeded generator (training from
@@ -118,7 +121,8 @@ struct AttentionConfig {
 
 class Attention : public Module {
  public:
-  Attention(const AttentionConfig& config, Initializer& init);
+  // name: the module's path, which names its taps ("model.layers.3.self_attn").
+  Attention(const AttentionConfig& config, Initializer& init, std::string name = "self_attn");
   // x [B, T, hidden] -> [B, T, hidden]: causal attention over the T tokens (and ctx's mask).
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   // Inference: q/k/v as rows of one buffer (see FusedProjections).
@@ -132,6 +136,7 @@ class Attention : public Module {
 
  private:
   AttentionConfig config_;
+  std::string name_;
   Linear *q_proj_, *k_proj_, *v_proj_, *o_proj_;
   FusedProjections qkv_;
   RMSNorm *q_norm_ = nullptr, *k_norm_ = nullptr;
@@ -140,7 +145,8 @@ class Attention : public Module {
 // The gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or gelu_tanh (GeGLU).
 class Mlp : public Module {
  public:
-  Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init);
+  Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init,
+      std::string name = "mlp");
   Variable forward(const Variable& x, const ForwardContext& ctx) const;
   void fuse_projections() { gate_up_.fuse(); }  // inference: gate and up as rows of one buffer
 
@@ -150,6 +156,7 @@ class Mlp : public Module {
 
  private:
   MlpActivation activation_;
+  std::string name_;
   Linear *gate_proj_, *up_proj_, *down_proj_;
   FusedProjections gate_up_;
 };
@@ -184,7 +191,8 @@ class DecoderLayer : public Module {
 
  private:
   NormPlacement placement_;
-  int index_;  // in the model: names its trace spans
+  int index_;         // in the model: names its trace spans
+  std::string name_;  // "model.layers.<index>": names its taps
   RMSNorm *input_layernorm_, *post_attention_layernorm_;
   RMSNorm *pre_feedforward_layernorm_ = nullptr, *post_feedforward_layernorm_ = nullptr;
   Attention* self_attn_;

@@ -75,4 +75,10 @@ class TransformerLM : public Module {
   Linear* lm_head_ = nullptr;
 };
 
+// The attention weights of `layers` for ids [B, T] (one no-grad forward): each [B, Hq, T, T] f32, the softmax of
+// the scaled causal scores, as transformers returns them with output_attentions=True and eager attention. The
+// forward's own results are unchanged: its fused attention runs as always (nn/taps.h).
+std::vector<Tensor> attention_weights(const TransformerLM& model, const Tensor& ids, const std::vector<int>& layers,
+                                      const ForwardContext& ctx = {});
+
 }  // namespace microllm::nn

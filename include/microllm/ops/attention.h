@@ -28,4 +28,10 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& grad_out, const AttentionParams& params = {},
                                   const Tensor& mask = Tensor());
 
+// The attention probabilities under the same rules: softmax(q k^T * scale) over the keys each query may see,
+// [B, Hq, T, S] f32, hidden keys 0, rows with no key all 0 (transformers' eager attention with
+// output_attentions=True). A composition of matmul, masked_fill and softmax, for study: T x S per head.
+Tensor attention_weights(const Tensor& q, const Tensor& k, const AttentionParams& params = {},
+                         const Tensor& mask = Tensor());
+
 }  // namespace microllm
