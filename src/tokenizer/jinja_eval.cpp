@@ -363,7 +363,7 @@ class Renderer {
       case Expr::Kind::tuple: {
         List items;
         for (const ExprPtr& operand : e.operands) items.push_back(eval(*operand, scope));
-        return Value(std::move(items));
+        return e.kind == Expr::Kind::tuple ? Value::tuple(std::move(items)) : Value(std::move(items));
       }
       case Expr::Kind::dict: {
         Dict dict;

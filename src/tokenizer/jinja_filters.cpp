@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <unordered_map>
+#include <utility>
 
 #include "microllm/core/error.h"
 #include "tokenizer/jinja_ast.h"
@@ -106,6 +107,7 @@ Value python_round(const Value& v, int64_t precision, const std::string& method)
     return Value((method == "ceil" ? std::ceil(x * scale) : std::floor(x * scale)) / scale);
   }
   if (method != "common") fail("FilterArgumentError: method must be common, ceil or floor");
+  if (!v.is_float()) return Value(v.as_int());          // Python's round() keeps an int an int
   if (precision == 0) return Value(std::nearbyint(x));  // round half to even, as Python's round()
   char buffer[512];
   std::snprintf(buffer, sizeof buffer, "%.*f", static_cast<int>(std::clamp<int64_t>(precision, 0, 300)), x);
@@ -169,6 +171,17 @@ Value map_filter(const Value& subject, CallArguments& args) {
   return Value(std::move(out));
 }
 
+// Text Python's int() (digits) or float() (digits, '.', exponent, inf, nan) would read, with '_' removed;
+// strtod alone would also take hexadecimal.
+bool python_number_text(const std::string& s, bool integer) {
+  if (s.empty()) return false;
+  const std::string lower = python_lower(s);
+  const size_t sign = (lower[0] == '+' || lower[0] == '-') ? 1 : 0;
+  const std::string word = lower.substr(sign);
+  if (!integer && (word == "inf" || word == "infinity" || word == "nan")) return true;
+  return !word.empty() && word.find_first_not_of(integer ? "0123456789" : "0123456789.e+-") == std::string::npos;
+}
+
 Value to_int(const Value& v, const Value& fallback) {
   if (v.is_bool() || v.is_int()) return Value(v.as_int());
   if (v.is_float()) return std::isfinite(v.as_double()) ? Value(static_cast<int64_t>(v.as_double())) : fallback;
@@ -178,9 +191,9 @@ Value to_int(const Value& v, const Value& fallback) {
     char* end = nullptr;
     errno = 0;
     const long long i = std::strtoll(s.c_str(), &end, 10);
-    if (!s.empty() && *end == '\0' && errno == 0) return Value(static_cast<int64_t>(i));
+    if (python_number_text(s, true) && *end == '\0' && errno == 0) return Value(static_cast<int64_t>(i));
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && *end == '\0' && std::isfinite(d)) return Value(static_cast<int64_t>(d));
+    if (python_number_text(s, false) && *end == '\0' && std::isfinite(d)) return Value(static_cast<int64_t>(d));
   }
   return fallback;
 }
@@ -188,10 +201,11 @@ Value to_int(const Value& v, const Value& fallback) {
 Value to_float(const Value& v, const Value& fallback) {
   if (v.is_number()) return Value(v.as_double());
   if (v.is_string()) {
-    const std::string s = python_strip(v.as_string(), Value::none(), true, true);
+    std::string s = python_strip(v.as_string(), Value::none(), true, true);
+    s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
     char* end = nullptr;
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && *end == '\0') return Value(d);
+    if (python_number_text(s, false) && *end == '\0') return Value(d);
   }
   return fallback;
 }
@@ -228,6 +242,22 @@ const std::unordered_map<std::string_view, FilterFunction>& filters() {
        }},
       {"attr", [](const Value& v,
                   CallArguments& a) { return get_attribute(v, string_of(argument(a, 0, "name"), "attr's name")); }},
+      {"batch",
+       [](const Value& v, CallArguments& a) {
+         const Value size = argument(a, 0, "linecount");
+         if (!size.is_int() || size.as_int() < 1) fail("TypeError: batch needs a positive integer line count");
+         const Value fill = argument(a, 1, "fill_with", Value::none());
+         List batches, current;
+         for (const Value& item : iterate(v)) {
+           current.push_back(item);
+           if (static_cast<int64_t>(current.size()) == size.as_int()) batches.emplace_back(std::exchange(current, {}));
+         }
+         if (!current.empty()) {
+           while (!fill.is_none() && static_cast<int64_t>(current.size()) < size.as_int()) current.push_back(fill);
+           batches.emplace_back(std::move(current));
+         }
+         return Value(std::move(batches));
+       }},
       {"capitalize",
        [](const Value& v, CallArguments&) {
          CallArguments no_arguments;
@@ -246,7 +276,7 @@ const std::unordered_map<std::string_view, FilterFunction>& filters() {
          if (by != "key" && by != "value")
            fail("FilterArgumentError: You can only sort by either \"key\" or \"value\"");
          List pairs;
-         for (const auto& [key, value] : v.as_dict().entries) pairs.emplace_back(List{Value(key), value});
+         for (const auto& [key, value] : v.as_dict().entries) pairs.push_back(Value::tuple({Value(key), value}));
          return Value(sorted(std::move(pairs), truthy(argument(a, 2, "reverse", Value(false))),
                              truthy(argument(a, 0, "case_sensitive", Value(false))), Value(by == "key" ? "0" : "1")));
        }},
@@ -278,7 +308,7 @@ const std::unordered_map<std::string_view, FilterFunction>& filters() {
          if (v.is_undefined()) return Value(List{});
          if (!v.is_dict()) fail("TypeError: Can only get item pairs from a mapping.");
          List pairs;
-         for (const auto& [key, value] : v.as_dict().entries) pairs.emplace_back(List{Value(key), value});
+         for (const auto& [key, value] : v.as_dict().entries) pairs.push_back(Value::tuple({Value(key), value}));
          return Value(std::move(pairs));
        }},
       {"join",

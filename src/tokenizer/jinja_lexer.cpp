@@ -5,6 +5,8 @@
 //     (`{%+` keeps them); not before `{{`.
 // Newlines (\r\n, \r) become \n and one trailing newline of the source is dropped (keep_trailing_newline off).
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 
 #include "microllm/core/error.h"
 #include "tokenizer/jinja_ast.h"
@@ -246,13 +248,15 @@ class Lexer {
     std::string text = src_.substr(p, q - p);
     text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
     Token t{is_float ? Token::Type::floating : Token::Type::integer, text, 0, 0, at};
-    try {
-      if (is_float)
-        t.floating = std::stod(text);
-      else
-        t.integer = std::stoll(text);
-    } catch (const std::exception&) {
-      throw NotSupportedError("chat_template", str_cat(where(p), "the number ", text, " is out of range"));
+    if (is_float) {
+      t.floating = std::strtod(text.c_str(), nullptr);  // as Python: tiny values denormal or 0, huge ones inf
+    } else {
+      errno = 0;
+      t.integer = std::strtoll(text.c_str(), nullptr, 10);
+      if (errno == ERANGE) {
+        throw NotSupportedError("chat_template",
+                                str_cat(where(p), "the integer ", text, " is beyond 64 bits and is not supported"));
+      }
     }
     tokens_.push_back(std::move(t));
     return q;

@@ -40,12 +40,6 @@ bool is_cased(char32_t cp) {
 }
 bool is_space(char32_t cp) { return is_python_space(cp) || (cp >= 0x1c && cp <= 0x1f); }
 
-std::string map_code_points(std::string_view s, char32_t (*f)(char32_t)) {
-  std::u32string cps = to_code_points(s);
-  for (char32_t& cp : cps) cp = f(cp);
-  return from_code_points(cps);
-}
-
 // str.title(): a cased character after an uncased one starts a word.
 std::string python_title(std::string_view s) {
   std::u32string cps = to_code_points(s);
@@ -340,6 +334,19 @@ Value string_method(const std::string& s, const std::string& name) {
       return Value(all_code_points(s, p));
     });
   }
+  if (name == "isupper" || name == "islower") {  // some cased character, and every cased one in that case
+    const bool upper = name == "isupper";
+    return method([s, upper, qualified](CallArguments& a) {
+      check_arguments(a, qualified, 0);
+      bool cased = false;
+      for (const char32_t cp : to_code_points(s)) {
+        if (!is_cased(cp)) continue;
+        cased = true;
+        if ((upper ? upper_of(cp) : lower_of(cp)) != cp) return Value(false);
+      }
+      return Value(cased);
+    });
+  }
   if (name == "splitlines") {
     return method([s, qualified](CallArguments& a) {
       check_arguments(a, qualified, 0);
@@ -347,9 +354,9 @@ Value string_method(const std::string& s, const std::string& name) {
     });
   }
   static const std::unordered_set<std::string_view> other_methods = {
-      "casefold",     "center",       "encode",       "expandtabs",  "format_map", "isalnum",  "isascii",   "isdecimal",
-      "isidentifier", "islower",      "isnumeric",    "isprintable", "istitle",    "isupper",  "ljust",     "maketrans",
-      "partition",    "removeprefix", "removesuffix", "rjust",       "rpartition", "swapcase", "translate", "zfill"};
+      "casefold",     "center",    "encode",      "expandtabs", "format_map", "isalnum",   "isascii",   "isdecimal",
+      "isidentifier", "isnumeric", "isprintable", "istitle",    "ljust",      "maketrans", "partition", "removeprefix",
+      "removesuffix", "rjust",     "rpartition",  "swapcase",   "translate",  "zfill"};
   if (other_methods.count(name)) fail_unsupported(str_cat("the string method '", name, "'"));
   return Value::undefined(str_cat("'str object' has no attribute '", name, "'"));
 }
@@ -363,7 +370,7 @@ Value dict_method(const Value& object, const std::string& name) {
       List out;
       for (const auto& [key, value] : dict->entries) {
         if (name == "items")
-          out.emplace_back(List{Value(key), value});
+          out.push_back(Value::tuple({Value(key), value}));
         else
           out.push_back(name == "keys" ? Value(key) : value);
       }
@@ -391,8 +398,36 @@ std::string object_name(const Value& v) { return v.is_none() ? "None" : type_nam
 
 }  // namespace
 
-std::string python_upper(std::string_view s) { return map_code_points(s, upper_of); }
-std::string python_lower(std::string_view s) { return map_code_points(s, lower_of); }
+// Python's str.upper() and str.lower(): one character to one, except where Unicode's special casing maps a
+// character to several (the German sharp s and the Latin ligatures; dotted capital I).
+std::string python_upper(std::string_view s) {
+  std::string out;
+  for (const char32_t cp : to_code_points(s)) {
+    switch (cp) {
+      case 0x00DF: out += "SS"; break;
+      case 0xFB00: out += "FF"; break;
+      case 0xFB01: out += "FI"; break;
+      case 0xFB02: out += "FL"; break;
+      case 0xFB03: out += "FFI"; break;
+      case 0xFB04: out += "FFL"; break;
+      case 0xFB05:
+      case 0xFB06: out += "ST"; break;
+      default: tokenizer_detail::utf8_append(out, upper_of(cp));
+    }
+  }
+  return out;
+}
+std::string python_lower(std::string_view s) {
+  std::string out;
+  for (const char32_t cp : to_code_points(s)) {
+    if (cp == 0x0130) {
+      out += "i\u0307";
+    } else {
+      tokenizer_detail::utf8_append(out, lower_of(cp));
+    }
+  }
+  return out;
+}
 
 std::string python_strip(std::string_view s, const Value& chars, bool left, bool right) {
   const std::u32string cps = to_code_points(s);
@@ -437,6 +472,12 @@ Value get_attribute(const Value& object, const std::string& name) {
   if (object.is_undefined()) fail("UndefinedError: " + object.undefined_hint());
   if (!name.empty() && name[0] == '_') {
     return Value::undefined(str_cat("'", object_name(object), "' has no attribute '", name, "'"));
+  }
+  static const std::unordered_set<std::string_view> number_attributes = {
+      "real",      "imag",     "numerator",        "denominator", "conjugate", "bit_length",
+      "bit_count", "to_bytes", "as_integer_ratio", "is_integer",  "hex"};
+  if (object.is_number() && number_attributes.count(name)) {
+    fail_unsupported(str_cat("the attribute '", name, "' of a number"));
   }
   if (object.is_string()) return string_method(object.as_string(), name);
   if (object.is_dict()) {

@@ -159,10 +159,11 @@ std::string string_repr(const std::string& s) {
 
 std::string repr_in(const Value& v);
 
-std::string list_repr(const List& list) {
-  std::string out = "[";
+std::string list_repr(const List& list, bool tuple) {
+  std::string out = tuple ? "(" : "[";
   for (size_t i = 0; i < list.size(); ++i) out += (i ? ", " : "") + repr_in(list[i]);
-  return out + "]";
+  if (tuple && list.size() == 1) out += ",";
+  return out + (tuple ? ")" : "]");
 }
 
 std::string dict_repr(const Dict& dict) {
@@ -195,7 +196,7 @@ std::string repr(const Value& v) {
     case Value::Kind::integer: return std::to_string(v.as_int());
     case Value::Kind::floating: return python_float_repr(v.as_double());
     case Value::Kind::string: return string_repr(v.as_string());
-    case Value::Kind::list: return list_repr(v.as_list());
+    case Value::Kind::list: return list_repr(v.as_list(), v.is_tuple());
     case Value::Kind::dict: return dict_repr(v.as_dict());
     case Value::Kind::namespace_: return "<Namespace " + dict_repr(v.as_dict()) + ">";
     case Value::Kind::callable: return "<function " + v.as_function().name + ">";

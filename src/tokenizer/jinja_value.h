@@ -73,6 +73,12 @@ class Value {
   Value(DictPtr dict) : data_(std::move(dict)) {}
   Value(Namespace ns) : data_(std::move(ns)) {}
   Value(FunctionPtr function) : data_(std::move(function)) {}
+  // A Python tuple: a list that prints as (a, b) (dict items, tuple literals).
+  static Value tuple(List items) {
+    Value v(std::move(items));
+    v.tuple_ = true;
+    return v;
+  }
 
   Kind kind() const { return static_cast<Kind>(data_.index()); }
   bool is_undefined() const { return kind() == Kind::undefined; }
@@ -97,11 +103,13 @@ class Value {
   const NamespacePtr& as_namespace() const { return std::get<Namespace>(data_).dict; }
   const Function& as_function() const { return *std::get<FunctionPtr>(data_); }
   const std::string& undefined_hint() const { return std::get<Undefined>(data_).hint; }
+  bool is_tuple() const { return tuple_; }
 
  private:
   explicit Value(Undefined u) : data_(std::move(u)) {}
   explicit Value(None n) : data_(n) {}
   std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, Namespace, FunctionPtr> data_;
+  bool tuple_ = false;
 };
 
 // Python dict semantics over string keys: insertion order, assignment replaces in place.

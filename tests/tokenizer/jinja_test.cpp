@@ -100,7 +100,7 @@ TEST(Jinja, FiltersAndMethods) {
             "['a', 'b', '', 'c']['a', 'b']['x-y', 'z']aTruebXb1 and two");
   EXPECT_EQ(render("{{ d.get('k') }}{{ d.get('z', 0) }}{{ d | items | list }}{{ d.keys() | list }}{{ d | dictsort }}",
                    R"({"d": {"k": "v"}})"),
-            "v0[['k', 'v']]['k'][['k', 'v']]");
+            "v0[('k', 'v')]['k'][('k', 'v')]");
   EXPECT_EQ(render("{{ [3, 1, 2] | sort | reverse | list }}{{ [1, 1, 2] | unique | list }}{{ [1, 2] | sum }}"
                    "{{ ['b', 'A'] | max }}{{ 'Hi' | lower }}{{ 'a b c' | wordcount }}"),
             "[3, 2, 1][1, 2]3bhi3");
@@ -137,6 +137,32 @@ TEST(Jinja, SyntaxErrorsNameTheLine) {
               HasSubstr("nesting deeper than 200 levels"));
   EXPECT_THAT(testing::thrown_message<ValueError>([] { render("{{ [].append(1) }}"); }),
               HasSubstr("SecurityError: access to attribute 'append' of 'list' object is unsafe."));
+}
+
+// Short templates, one construct or two each, against jinja2's renderings in transformers' environment
+// (tests/fixtures/chat_templates/snippets_golden.jsonl, from tools/oracle/chat_template_golden.py).
+TEST(Jinja, SnippetsRenderAsJinja2) {
+  const auto golden =
+      std::filesystem::path(MICROLLM_SOURCE_DIR) / "tests" / "fixtures" / "chat_templates" / "snippets_golden.jsonl";
+  size_t texts = 0, errors = 0;
+  for (const Json& line : read_json_lines(golden)) {
+    const std::string source = line["template"];
+    const std::string variables = R"({"messages": [{"role": "user", "content": "hi"}], "tools": null,
+                                      "documents": null, "add_generation_prompt": false})";
+    if (line.contains("error")) {
+      EXPECT_THROW(render(source, variables), ValueError) << source << " (jinja2: " << line["error"] << ")";
+      ++errors;
+      continue;
+    }
+    try {
+      EXPECT_EQ(render(source, variables), line["text"].get<std::string>()) << source;
+    } catch (const Error& e) {
+      ADD_FAILURE() << source << ": " << e.what();
+    }
+    ++texts;
+  }
+  EXPECT_GE(texts, 90u);
+  EXPECT_GE(errors, 5u);
 }
 
 TEST(Jinja, BoundedWhereATemplateCouldRunAway) {

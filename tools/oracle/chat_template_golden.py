@@ -18,6 +18,10 @@ strftime_now reads a fixed clock, 2024-07-26 12:00:00 (the C++ test sets the sam
 The special tokens transformers passes (tokenizer.special_tokens_map: bos_token, eos_token, unk_token, pad_token,
 additional_special_tokens, ... those set) are each template's "special_tokens" in templates.json.
 
+It also renders the short templates of snippets.json (one construct or two each, over
+messages=[{"role": "user", "content": "hi"}]) into snippets_golden.jsonl: the engine's tests compare with them
+construct by construct.
+
 Usage: tools/oracle/chat_template_golden.py [--fixtures DIR] [--check]
 """
 import argparse
@@ -112,6 +116,9 @@ def cases(fixtures):
                            c.get("documents"), variables)
 
 
+SNIPPET_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
 def render_case(render, case):
     _, source, _, add_generation_prompt, messages, tools, documents, variables = case
     try:
@@ -144,6 +151,12 @@ def main():
                       f"  golden:       {json.dumps(line, ensure_ascii=False)[:400]}")
         print(f"{len(golden)} renderings, {differ} differ from transformers")
         sys.exit(1 if differ else 0)
+    snippet_lines = []
+    for source in json.loads((args.fixtures / "snippets.json").read_text(encoding="utf-8")):
+        line = {"template": source}
+        line.update(render_case(render, ("", source, "", False, SNIPPET_MESSAGES, None, None, {})))
+        snippet_lines.append(json.dumps(line, ensure_ascii=False))
+    (args.fixtures / "snippets_golden.jsonl").write_text("\n".join(snippet_lines) + "\n", encoding="utf-8")
     lines = []
     for case in cases(args.fixtures):
         line = {"template": case[0], "conversation": case[2], "add_generation_prompt": case[3]}
