@@ -19,5 +19,7 @@ void register_logits(CLI::App& app);    // logits / greedy tokens of ids as safe
 void register_serve(CLI::App& app);     // an OpenAI-compatible HTTP server over a model
 void register_bench(CLI::App& app);     // prefill / decode tokens/s, a llama-bench-style table
 void register_trace(CLI::App& app);     // tables of a trace written by --trace
+void register_align(CLI::App& app);     // activations / gradients point by point against a transformers dump
+void register_attention(CLI::App& app);  // attention weights of a layer: top keys per query, a heat map
 
 }  // namespace microllm::app

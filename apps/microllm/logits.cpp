@@ -9,11 +9,11 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "token_ids.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
@@ -34,41 +34,6 @@ struct LogitsCliOptions {
   int threads = 0;
 };
 
-// "1,2,3;4,5,6" -> {{1, 2, 3}, {4, 5, 6}}; every sequence must have the same, nonzero length.
-std::vector<std::vector<int64_t>> parse_ids(const std::string& text) {
-  std::vector<std::vector<int64_t>> rows;
-  std::stringstream rows_in(text);
-  std::string row;
-  while (std::getline(rows_in, row, ';')) {
-    std::vector<int64_t> ids;
-    std::stringstream ids_in(row);
-    std::string item;
-    while (std::getline(ids_in, item, ',')) {
-      const size_t begin = item.find_first_not_of(" \t\n");
-      if (begin == std::string::npos) continue;
-      size_t used = 0;
-      int64_t id = 0;
-      try {
-        id = std::stoll(item.substr(begin), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      const std::string rest = item.substr(begin + used);
-      MICROLLM_CHECK(used > 0 && rest.find_first_not_of(" \t\n") == std::string::npos, ValueError, "logits", "--ids: '",
-                     item, "' is not an integer");
-      ids.push_back(id);
-    }
-    MICROLLM_CHECK(!ids.empty(), ValueError, "logits", "--ids: sequence ", rows.size(), " is empty");
-    rows.push_back(std::move(ids));
-  }
-  MICROLLM_CHECK(!rows.empty(), ValueError, "logits", "--ids holds no sequence");
-  for (size_t i = 1; i < rows.size(); ++i) {
-    MICROLLM_CHECK(rows[i].size() == rows[0].size(), ValueError, "logits", "--ids: sequence ", i, " has ",
-                   rows[i].size(), " ids, sequence 0 has ", rows[0].size(), " (all must have the same length)");
-  }
-  return rows;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -83,7 +48,7 @@ void run_logits(const LogitsCliOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
   MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16, ValueError, "logits", "--dtype must be f32 or bf16, got ",
                  o.dtype);
-  const std::vector<std::vector<int64_t>> rows = parse_ids(o.ids);
+  const std::vector<std::vector<int64_t>> rows = parse_id_rows(o.ids, "logits");
   const auto batch = static_cast<int64_t>(rows.size());
   const auto tokens = static_cast<int64_t>(rows[0].size());
   std::vector<int64_t> flat;

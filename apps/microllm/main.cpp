@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   microllm::app::register_serve(app);
   microllm::app::register_bench(app);
   microllm::app::register_trace(app);
+  microllm::app::register_align(app);
+  microllm::app::register_attention(app);
   // A first word that names no command: say which commands there are.
   if (argc > 1 && argv[1][0] != '-') {
     const std::vector<CLI::App*> commands = app.get_subcommands([](CLI::App*) { return true; });
