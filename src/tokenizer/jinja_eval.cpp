@@ -71,6 +71,15 @@ class Renderer {
     for (const auto& [name, value] : variables.entries) root_->variables[name] = value;
   }
 
+  // Macros hold the scope they were defined in, which holds them, and a namespace can hold itself: the
+  // cycles are broken here, when the rendering's values are no longer needed.
+  ~Renderer() {
+    for (const ScopePtr& scope : macro_scopes_) scope->variables.clear();
+    for (const NamespacePtr& ns : namespaces_) ns->entries.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   std::string render(const Body& body) {
     std::string out;
     try {
@@ -93,8 +102,9 @@ class Renderer {
       check_arguments(a, "strftime_now", 1);
       return Value(strftime_at(to_str(argument(a, 0, "format")), options_));
     });
-    add("namespace", [](CallArguments& a) {
+    add("namespace", [this](CallArguments& a) {
       auto dict = std::make_shared<Dict>();
+      namespaces_.push_back(dict);
       for (const Value& initial : a.positional) {
         if (!initial.is_dict()) fail("TypeError: namespace() takes a mapping as its positional argument");
         for (const auto& [key, value] : initial.as_dict().entries) dict->set(key, value);
@@ -275,6 +285,7 @@ class Renderer {
   // defined in.
   Value make_macro(const Node& node, const ScopePtr& defined_in, std::string name = {}) {
     if (name.empty()) name = node.name;
+    macro_scopes_.push_back(defined_in);
     return function_value(name, [this, &node, defined_in, name](CallArguments& args) {
       if (++call_depth_ > kMaxCallDepth) fail_unsupported("macro recursion deeper than 200 calls");
       const SourcePosition caller_position = position_;
@@ -470,6 +481,8 @@ class Renderer {
   SourcePosition position_;
   int call_depth_ = 0;
   int64_t steps_ = 0;
+  std::vector<ScopePtr> macro_scopes_;
+  std::vector<NamespacePtr> namespaces_;
 };
 
 void collect_names(const Expr& e, std::set<std::string>& names) {
