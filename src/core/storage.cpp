@@ -54,15 +54,21 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Allocator& allocator) 
     if (device.is_cpu()) std::memset(data, 0xff, nbytes);
     else detail::cuda_fill_bytes(data, device.index, 0xff, nbytes);
   }
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, &allocator, nullptr));
+  const MemoryCategory category = current_memory_category();
+  detail::charge_memory(device, category, static_cast<int64_t>(nbytes));
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, &allocator, nullptr, category));
 }
 
 std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device, std::shared_ptr<void> keep_alive) {
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, nullptr, std::move(keep_alive)));
+  return std::shared_ptr<Storage>(
+      new Storage(data, nbytes, device, nullptr, std::move(keep_alive), MemoryCategory::other));
 }
 
 Storage::~Storage() {
-  if (allocator_ && data_) allocator_->deallocate(data_, nbytes_);
+  if (allocator_ && data_) {
+    allocator_->deallocate(data_, nbytes_);
+    detail::charge_memory(device_, category_, -static_cast<int64_t>(nbytes_));
+  }
 }
 
 void set_poison_new_allocations(bool on) { g_poison.store(on, std::memory_order_relaxed); }

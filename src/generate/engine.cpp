@@ -636,6 +636,7 @@ bool Engine::step() {
   autograd::NoGradGuard no_grad;
   auto on_engine_stream = impl_->scoped_stream();
   profile::Scope span("engine.step", "engine");
+  MemoryCategoryScope memory(MemoryCategory::activations);
   {
     profile::Scope schedule("engine.schedule", "engine");
     impl_->apply_cancellations();

@@ -37,6 +37,7 @@ Tensor AttentionCache::attend_projected(int layer, const Tensor& q, const Tensor
 ContiguousKvCache::ContiguousKvCache(const nn::TransformerConfig& config, int64_t batch, int64_t capacity, DType dtype,
                                      Device device)
     : capacity_(capacity) {
+  MemoryCategoryScope memory(MemoryCategory::kv_cache);
   const Shape shape{batch, config.num_kv_heads, capacity, config.resolved_head_dim()};
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     keys_.push_back(Tensor::empty(shape, dtype, device));
@@ -94,6 +95,7 @@ void ContiguousKvCache::finish_forward(int64_t tokens) {
 PagedKvCache::PagedKvCache(const nn::TransformerConfig& config, int64_t num_blocks, int64_t block_size, DType dtype,
                            Device device)
     : num_blocks_(num_blocks), block_size_(block_size) {
+  MemoryCategoryScope memory(MemoryCategory::kv_cache);
   MICROLLM_CHECK(num_blocks >= 1 && block_size >= 1, ValueError, "paged_kv_cache", "needs at least one block of ",
                  "at least one token, got ", num_blocks, " blocks of ", block_size);
   const Shape shape{num_blocks, block_size, config.num_kv_heads, config.resolved_head_dim()};

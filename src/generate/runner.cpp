@@ -43,6 +43,7 @@ LinearWeight single(const nn::Linear& linear, DType dtype) {
 }  // namespace
 
 Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.config()), dtype_(dtype) {
+  MemoryCategoryScope memory(MemoryCategory::weights);  // weights cast to the compute dtype, decode folds
   MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64,
                  DTypeError, "runner", "the compute dtype must be f32, bf16, f16 or f64, got ", dtype);
   embedding_ = in_dtype(model.embed_tokens().weight(), dtype);
@@ -120,6 +121,7 @@ std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor
 }
 
 std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cache) const {
+  MemoryCategoryScope memory(MemoryCategory::activations);
   MICROLLM_CHECK(ids.dim() == 2, ShapeError, "runner", "ids must be [B, T], got ", ids.shape());
   Tensor delta = embedding(embedding_, ids), residual;
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -136,6 +138,7 @@ void Runner::fill(const Tensor& ids, AttentionCache& cache) const {
 
 Tensor Runner::forward(const Tensor& ids, AttentionCache& cache, const LogitRows& rows) const {
   autograd::NoGradGuard no_grad;
+  MemoryCategoryScope memory(MemoryCategory::activations);
   auto [delta, residual] = layers(ids, cache);
   const int64_t batch = ids.size(0), tokens = ids.size(1);
   if (rows.kind == LogitRows::Kind::chosen) {

@@ -32,6 +32,7 @@ std::string LoadReport::summary() const {
 
 LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoint& checkpoint,
                         const LoadOptions& options) {
+  MemoryCategoryScope memory(MemoryCategory::weights);
   const auto start = std::chrono::steady_clock::now();
   LoadReport report;
   const std::vector<nn::ParameterInfo> parameters = model.named_parameters();

@@ -47,12 +47,14 @@ Variable* Module::find_parameter(const std::string& name) {
 }
 
 void Module::to(Device device) {
+  MemoryCategoryScope memory(MemoryCategory::weights);
   for (const ParameterInfo& p : named_parameters()) {
     *p.variable = Variable(p.variable->value().to(device), p.variable->requires_grad());
   }
 }
 
 void Module::to(DType dtype) {
+  MemoryCategoryScope memory(MemoryCategory::weights);
   for (const ParameterInfo& p : named_parameters()) {
     *p.variable = Variable(p.variable->value().to(dtype), p.variable->requires_grad());
   }

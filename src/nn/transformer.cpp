@@ -74,6 +74,7 @@ class Container : public Module {
 }  // namespace
 
 TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, bool random_init) : config_(config) {
+  MemoryCategoryScope memory(MemoryCategory::weights);
   config_.validate();
   Initializer init(seed, config_.initializer_range, random_init);
   auto& model = register_module("model", std::make_unique<Container>());

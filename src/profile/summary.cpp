@@ -87,7 +87,19 @@ TraceSummary summarize(const Trace& trace, size_t rows) {
   std::vector<const Event*> spans, layers, ops, host;
   std::map<int, std::vector<const Event*>> gpu;
   double first = std::numeric_limits<double>::infinity(), last = -first;
+  std::map<std::string, MemoryPeak> memory;
   for (const Event& e : trace.events) {
+    if (e.phase == 'C' && e.name.rfind("memory peak ", 0) == 0) {
+      MemoryPeak& m = memory[e.name.substr(12)];
+      m.device = e.name.substr(12);
+      m.at_peak_mib = e.args;
+      m.peak_mib = 0;
+      for (const auto& [category, mib] : e.args) m.peak_mib += mib;
+    } else if (e.phase == 'C' && e.name.rfind("memory ", 0) == 0) {
+      MemoryPeak& m = memory[e.name.substr(7)];
+      m.device = e.name.substr(7);
+      ++m.samples;
+    }
     if (e.phase != 'X') continue;
     spans.push_back(&e);
     first = std::min(first, e.ts_us);
@@ -97,6 +109,7 @@ TraceSummary summarize(const Trace& trace, size_t rows) {
     if (e.pid == 0) host.push_back(&e);
     else gpu[e.pid - 1].push_back(&e);
   }
+  for (auto& [device, m] : memory) summary.memory.push_back(std::move(m));
   if (spans.empty()) return summary;
   summary.wall_ms = (last - first) / 1000.0;
   summary.top = stats_of(spans, summary.wall_ms, rows);
@@ -112,6 +125,15 @@ std::string to_markdown(const TraceSummary& s) {
   table(out, "Spans by total time", s.top);
   table(out, "Layers", s.layers);
   table(out, "Ops", s.ops);
+  for (const MemoryPeak& m : s.memory) {
+    if (m.at_peak_mib.empty()) continue;
+    out << "\n## Memory of " << m.device << " at its peak: " << fixed(m.peak_mib, 1) << " MiB of live tensors ("
+        << m.samples << " timeline samples)\n\n| category | MiB | share |\n|---|---:|---:|\n";
+    for (const auto& [category, mib] : m.at_peak_mib) {
+      out << "| " << category << " | " << fixed(mib, 1) << " | "
+          << fixed(m.peak_mib > 0 ? 100 * mib / m.peak_mib : 0, 1) << "% |\n";
+    }
+  }
   for (const GpuActivity& a : s.gpus) {
     out << "\n## cuda:" << a.device << ": busy " << fixed(a.busy_ms) << " ms, idle " << fixed(a.idle_ms)
         << " ms between its first and last span\n";

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "microllm/core/cuda.h"
 #include "microllm/core/error.h"
+#include "microllm/core/memory.h"
 
 namespace microllm::profile {
 
@@ -53,6 +55,8 @@ struct Session {
   std::map<int, GpuReference> gpu_references;
   std::map<std::pair<int, void*>, int64_t> streams;  // (device, stream) -> its track's number
   std::vector<Event> counters;
+  std::vector<Device> devices;                     // the CPU and the CUDA devices, for memory samples
+  std::map<std::string, int64_t> memory_sampled;  // device -> the live total of its last memory sample
 };
 
 Session& session() {
@@ -83,6 +87,34 @@ int64_t ns_since_start(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t - session().start).count();
 }
 
+std::vector<Device> memory_devices() {
+  std::vector<Device> devices{Device::cpu()};
+  for (int i = 0; i < cuda_device_count(); ++i) devices.push_back(Device::cuda(i));
+  return devices;
+}
+
+// A counter event of bytes by category, in MiB.
+Event memory_event(const std::string& name, double ts, const std::array<int64_t, kMemoryCategories>& bytes) {
+  Event e{'C', name, "memory", ts, 0, 0, 0, {}};
+  for (int c = 0; c < kMemoryCategories; ++c) {
+    e.args.emplace_back(memory_category_name(static_cast<MemoryCategory>(c)),
+                        static_cast<double>(bytes[static_cast<size_t>(c)]) / (1024.0 * 1024.0));
+  }
+  return e;
+}
+
+// Samples each device whose live total changed since its last sample. Holds s.m.
+void sample_memory_locked(Session& s, double ts) {
+  for (const Device device : s.devices) {
+    const MemoryUsage usage = memory_usage(device);
+    const std::string name = "memory " + device.str();
+    const auto [it, fresh] = s.memory_sampled.try_emplace(name, -1);
+    if (it->second == usage.total || (fresh && usage.total == 0)) continue;
+    it->second = usage.total;
+    s.counters.push_back(memory_event(name, ts, usage.live));
+  }
+}
+
 }  // namespace
 
 bool tracing() { return session().on.load(std::memory_order_relaxed); }
@@ -98,6 +130,9 @@ void start() {
   s.gpu_references.clear();
   s.streams.clear();
   s.counters.clear();
+  s.memory_sampled.clear();
+  s.devices = memory_devices();
+  for (const Device device : s.devices) reset_memory_peak(device);  // the peak becomes the session's
   s.start = Clock::now();
   s.generation.fetch_add(1, std::memory_order_release);
   s.on.store(true, std::memory_order_release);
@@ -112,6 +147,12 @@ Trace stop() {
     std::lock_guard lock(s.m);
     MICROLLM_CHECK(s.on.load(), ValueError, "trace", "no trace session is running");
     s.on.store(false, std::memory_order_release);
+    const double end = now_us();
+    sample_memory_locked(s, end);
+    for (const Device device : s.devices) {
+      const MemoryUsage usage = memory_usage(device);
+      if (usage.peak > 0) s.counters.push_back(memory_event("memory peak " + device.str(), end, usage.at_peak));
+    }
     for (const auto& thread : s.threads) {
       std::lock_guard thread_lock(thread->m);
       trace.events.insert(trace.events.end(), thread->events.begin(), thread->events.end());
@@ -172,9 +213,16 @@ Scope::~Scope() {
   if (!active_ || !tracing()) return;
   const int64_t end_ns = ns_since_start(Clock::now());
   ThreadBuffer& buffer = thread_buffer();
-  std::lock_guard lock(buffer.m);
-  buffer.events.push_back(Event{'X', name_, category_, static_cast<double>(start_ns_) / 1000.0,
-                                static_cast<double>(end_ns - start_ns_) / 1000.0, 0, buffer.tid, std::move(args_)});
+  {
+    std::lock_guard lock(buffer.m);
+    buffer.events.push_back(Event{'X', name_, category_, static_cast<double>(start_ns_) / 1000.0,
+                                  static_cast<double>(end_ns - start_ns_) / 1000.0, 0, buffer.tid, std::move(args_)});
+  }
+  if (std::strcmp(category_, "op") != 0) {  // memory at the end of each layer, step and phase; ops are too many
+    Session& s = session();
+    std::lock_guard lock(s.m);
+    sample_memory_locked(s, static_cast<double>(end_ns) / 1000.0);
+  }
 }
 
 void counter(const char* name, double value) {

@@ -233,18 +233,22 @@ class StripStage final : public Stage {
   std::string text_;
 };
 
-// Sequence: the stages chained, each feeding the next.
-class SequenceStream final : public DecodeStream {
+// Sequence: the stages chained, each feeding the next; with no stages, tokens pass through unchanged.
+class SequenceStream final : public Stage {
  public:
-  explicit SequenceStream(std::vector<std::unique_ptr<DecodeStream>> stages) : stages_(std::move(stages)) {}
+  SequenceStream(std::vector<std::unique_ptr<DecodeStream>> stages, DecodeStream* next)
+      : Stage(next), stages_(std::move(stages)) {}
   void put(std::string_view token, std::string& out) override {
     if (stages_.empty())
-      out.append(token);
+      emit(token, out);
     else
       stages_.front()->put(token, out);
   }
   void finish(std::string& out) override {
-    if (!stages_.empty()) stages_.front()->finish(out);
+    if (stages_.empty())
+      finish_next(out);
+    else
+      stages_.front()->finish(out);  // the last stage finishes `next`
   }
 
  private:
@@ -258,7 +262,7 @@ class SequenceDecoder final : public Decoder {
     std::vector<std::unique_ptr<DecodeStream>> stages(parts_.size());
     for (size_t i = parts_.size(); i-- > 0;)
       stages[i] = parts_[i]->open(i + 1 < parts_.size() ? stages[i + 1].get() : next);
-    return std::make_unique<SequenceStream>(std::move(stages));
+    return std::make_unique<SequenceStream>(std::move(stages), next);
   }
 
  private:

@@ -448,11 +448,13 @@ void Trainer::train_step() {
     {
       profile::Scope forward("train.forward", "step");
       profile::GpuScope gpu_forward("train.forward", "step", device);
+      MemoryCategoryScope memory(MemoryCategory::activations);
       loss = model_->loss(ids, targets, ctx);
     }
     {
       profile::Scope backward("train.backward", "step");
       profile::GpuScope gpu_backward("train.backward", "step", device);
+      MemoryCategoryScope memory(MemoryCategory::gradients);
       // Each micro-batch's mean loss weighs 1 / grad_accum: the gradients add up to those of the mean
       // over every micro-batch.
       (config_.grad_accum > 1 ? autograd::scale(loss, 1.0 / static_cast<double>(config_.grad_accum)) : loss).backward();
@@ -467,6 +469,7 @@ void Trainer::train_step() {
   }
   profile::Scope optimizer("train.optimizer", "step");
   profile::GpuScope gpu_optimizer("train.optimizer", "step", device);
+  MemoryCategoryScope memory(MemoryCategory::optimizer_state);
   const std::vector<nn::ParameterInfo>& params = optimizer_->parameters();
   last_grad_norm_ = ddp_ ? ddp_->gradient_norm() : gradient_norm(params);
   const Tensor scale = config_.clip > 0 ? clip_coefficient(last_grad_norm_, config_.clip) : Tensor();

@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "microllm/core/memory.h"
+
 #include "microllm/autograd/functions.h"
 #include "microllm/ops/ops.h"
 #include "test_support.h"
@@ -170,6 +172,16 @@ TEST(Transformer, FusedProjectionsGiveTheSameLogitsAndKeepNamesAndValues) {
     EXPECT_LE(testing::relative_error(model.forward(ids, ForwardContext()).value(), expected), 1e-6)
         << (qwen3_style ? "qwen3" : "qwen2");
   }
+}
+
+TEST(Transformer, ParametersAreChargedAsWeights) {
+  const auto weights_live = [] { return memory_usage(Device::cpu()).live[static_cast<size_t>(MemoryCategory::weights)]; };
+  const int64_t weights = weights_live();
+  nn::TransformerConfig c;
+  c.vocab_size = 32, c.hidden_size = 16, c.intermediate_size = 32, c.num_layers = 1, c.num_heads = 2;
+  c.num_kv_heads = 1;
+  nn::TransformerLM model(c, 1);
+  EXPECT_EQ(weights_live() - weights, model.num_parameters() * 4);
 }
 
 }  // namespace

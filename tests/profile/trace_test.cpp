@@ -138,6 +138,40 @@ TEST(Trace, LayerAndOpSpansOfTheRunnerAndTheTrainingGraph) {
   EXPECT_GT(span_counts(training, "op").count("rms_norm_backward"), 0u) << "backward ops are spans too";
 }
 
+// Memory by category over a trace: samples at span ends ("memory cpu") and the breakdown at the session's peak,
+// with the KV cache, the activations of a forward and the weights each in their category.
+TEST(Trace, MemoryTimelineAndThePeaksBreakdown) {
+  nn::TransformerConfig c;
+  c.vocab_size = 31, c.hidden_size = 16, c.intermediate_size = 24, c.num_layers = 2, c.num_heads = 4;
+  c.num_kv_heads = 2, c.max_position_embeddings = 64;
+  nn::TransformerLM model(c, testing::fresh_seed());
+  const generate::Runner runner(model, DType::f32);
+  const Tensor ids = testing::random_tensor({1, 40}, DType::i64, Device::cpu(), 0, 31);
+  start();
+  {
+    Scope step("step", "step");
+    generate::ContiguousKvCache cache(c, 1, 48, DType::f32, Device::cpu());
+    runner.forward(ids, cache);
+  }
+  const fs::path path = fs::temp_directory_path() / ("microllm-memory-" + std::to_string(testing::fresh_seed()) + ".json");
+  stop().write(path.string());
+  const Trace trace = Trace::read(path.string());  // the counters survive the Chrome JSON
+  fs::remove(path);
+  int samples = 0;
+  for (const Event& e : trace.events) samples += e.phase == 'C' && e.name == "memory cpu";
+  EXPECT_GE(samples, 2) << "at least the layers' and the step's ends";
+  const TraceSummary summary = summarize(trace);
+  ASSERT_EQ(summary.memory.size(), 1U);
+  const MemoryPeak& cpu = summary.memory[0];
+  EXPECT_EQ(cpu.device, "cpu");
+  std::map<std::string, double> at_peak(cpu.at_peak_mib.begin(), cpu.at_peak_mib.end());
+  const double kv_bytes = 2.0 * 2 * 1 * 2 * 48 * 4 * 4;  // layers x (K, V) x [B, Hkv, capacity, D] x f32
+  EXPECT_GE(at_peak.at("kv_cache") * 1024 * 1024, kv_bytes);
+  EXPECT_GT(at_peak.at("weights"), 0);
+  EXPECT_GT(at_peak.at("activations"), 0);
+  EXPECT_NE(to_markdown(summary).find("## Memory of cpu at its peak"), std::string::npos);
+}
+
 // A made-up trace: the tables, and a GPU's idle gap with the host span open in it.
 TEST(TraceSummary, TablesAndGpuIdleGaps) {
   Trace trace;

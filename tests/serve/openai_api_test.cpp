@@ -9,8 +9,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <string>
+#include <vector>
 
 namespace microllm::serve {
 namespace {
@@ -259,6 +259,21 @@ struct DocumentedField {
   std::string state;      // honoured, refused (400)
 };
 
+// The cells of a Markdown table row "| a | b | c |", trimmed; empty when the line is not a row.
+std::vector<std::string> table_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  if (line.empty() || line.front() != '|') return cells;
+  std::size_t start = 1;
+  for (std::size_t bar = line.find('|', start); bar != std::string::npos; bar = line.find('|', start)) {
+    std::string cell = line.substr(start, bar - start);
+    const auto first = cell.find_first_not_of(' ');
+    const auto last = cell.find_last_not_of(' ');
+    cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+    start = bar + 1;
+  }
+  return cells;
+}
+
 // The rows of the table that follows `heading` in docs/SERVING.md: | `name` | endpoints | state | notes |.
 std::map<std::string, DocumentedField> documented_fields(const std::string& heading) {
   std::ifstream in(std::filesystem::path(MICROLLM_SOURCE_DIR) / "docs" / "SERVING.md");
@@ -266,11 +281,14 @@ std::map<std::string, DocumentedField> documented_fields(const std::string& head
   std::map<std::string, DocumentedField> out;
   std::string line;
   bool inside = false;
-  const std::regex row(R"(^\| `([a-z_]+)` \| ([a-z]+) \| (honoured|refused \(400\)) \|.*)");
   while (std::getline(in, line)) {
     if (line.rfind("#", 0) == 0) inside = line == heading;
-    std::smatch m;
-    if (inside && std::regex_match(line, m, row)) out[m[1]] = {m[2], m[3]};
+    const auto cells = table_cells(line);
+    if (!inside || cells.size() < 4) continue;
+    const std::string& name = cells[0];
+    const bool is_field = name.size() > 2 && name.front() == '`' && name.back() == '`';
+    if (is_field && (cells[2] == "honoured" || cells[2] == "refused (400)"))
+      out[name.substr(1, name.size() - 2)] = {cells[1], cells[2]};
   }
   EXPECT_FALSE(out.empty()) << "no table under '" << heading << "' in docs/SERVING.md";
   return out;

@@ -166,6 +166,9 @@ TEST(SentencePiece, StripDecoder) {
   // After Fuse, a one-character Replace goes piece by piece.
   j["decoder"] = sequence(Json::array({simple("Fuse"), replace({{"String", kMeta}}, " ")}));
   EXPECT_EQ(tokenizer_of(j).decode(Ids{kMarkA, kMarkA}), " a a");
+  // An empty Sequence inside another passes the tokens on to the stages after it.
+  j["decoder"] = sequence(Json::array({sequence(Json::array()), simple("Fuse"), strip(kMeta, 1, 1)}));
+  EXPECT_EQ(tokenizer_of(j).decode(Ids{kMarkA, kMark}), "a");
 }
 
 // Unigram: the segmentation with the highest total score; a character with no piece of its own is <unk>

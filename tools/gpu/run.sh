@@ -54,7 +54,8 @@
 #                    (tools/gpu/random_model_dir.py, Qwen3's tokenizer from .device/tokenizers.tar.xz) under
 #                    benchmarks/serve_load.py: SERVE_CLIENTS (64) streaming clients for SERVE_SECONDS (60),
 #                    --max-batch SERVE_MAX_BATCH (64); then SERVE_DISCONNECT_SECONDS (30) with a third of the clients
-#                    leaving their requests half-way (--disconnect-fraction): every KV block must be free after it
+#                    leaving their requests half-way (--disconnect-fraction): every KV block must be free after it;
+#                    SERVE_TRACE=1: the first server writes a trace of its first SERVE_TRACE_SECONDS (30)
 # Results land in $OUT/results.tgz, rewritten after every step (the device tool returns few files, and a
 # call cut short by its time limit still returns what finished).
 set -uo pipefail
@@ -446,12 +447,18 @@ step_infer_serve() {
   echo "== random-weight Qwen2.5-0.5B directory for serve: exit $?"; tail -3 "$RES/logs/serve_model.log"
   server="$bin/microllm serve --model $model --port 0 --device cuda --dtype bf16 --max-batch ${SERVE_MAX_BATCH:-64}"
   server+=" --http-threads $((clients + 16))"  # a streaming request holds an HTTP thread until it ends
-  timeout $((${SERVE_SECONDS:-60} + 240)) python3 benchmarks/serve_load.py --spawn "$server" \
+  local traced=$server  # SERVE_TRACE=1: the first run also writes a trace of the server's first seconds
+  [ -n "${SERVE_TRACE:-}" ] && traced+=" --trace $RES/serve.trace.json --trace-seconds ${SERVE_TRACE_SECONDS:-30}"
+  timeout $((${SERVE_SECONDS:-60} + 240)) python3 benchmarks/serve_load.py --spawn "$traced" \
     --server-log "$RES/logs/serve.log" --startup-timeout 120 --clients "$clients" --duration "${SERVE_SECONDS:-60}" \
     --max-tokens 64 --out "$RES/serve_load.md" --json "$RES/serve_load.json" > "$RES/logs/serve_load.log" 2>&1
   echo "== serve load (microllm serve, cuda): exit $?"
   cat "$RES/serve_load.md" 2>/dev/null || tail -30 "$RES/logs/serve_load.log"
   tail -5 "$RES/logs/serve.log"
+  if [ -f "$RES/serve.trace.json" ]; then
+    "$bin/microllm" trace summarize "$RES/serve.trace.json" --rows 15 | tee "$RES/serve_trace_summary.md"
+    xz -T0 -6 "$RES/serve.trace.json"
+  fi
   # A third of the clients leave their requests half-way (streaming and not): every KV block must come back.
   timeout $((${SERVE_DISCONNECT_SECONDS:-30} + 240)) python3 benchmarks/serve_load.py --spawn "$server" \
     --server-log "$RES/logs/serve_disconnect.log" --startup-timeout 120 --clients "$clients" \

@@ -1,26 +1,80 @@
 #!/usr/bin/env bash
-# One device call that checks a change end to end when GPU time is short: the CUDA cases of the test suites staged
-# in .device/bin (VALIDATE_FILTER narrows ops_tests), the serving load (run.sh infer-serve: 64 streaming clients,
-# then a third of them leaving requests half-way), and the whole-build A/B of microllm bench (tools/gpu/ab.sh
-# bench) against the builds in .device/ab/. Each part writes its results under $OUT as it ends.
-#   device run, carry [".device"]: bash tools/gpu/validate.sh
+# One device call that checks a change end to end when GPU time is short. Steps, in the order given (default: all
+# but align), each writing its results under $OUT as it ends:
+#   align     tools/oracle/align_reference.py --fixtures: transformers' values and gradients at every tap point of
+#             the fixture models (tests/fixtures/align/, copied to $OUT/align/ to commit), before the tests read them
+#   tests     the CUDA cases of the suites staged in .device/bin (VALIDATE_FILTER narrows ops_tests;
+#             VALIDATE_SUITE_SECONDS bounds each suite)
+#   serve     run.sh infer-serve: 64 streaming clients, then a third of them leaving requests half-way; with
+#             SERVE_TRACE=1 the first server also writes a trace of its first SERVE_TRACE_SECONDS (30)
+#   trace     a trace of Qwen2.5-0.5B-config training steps (B8 x T1024, bf16-mixed) and of a B1 decode bench,
+#             each summarized by `microllm trace summarize`
+#   ab        tools/gpu/ab.sh bench (AB_RUNS, AB_PASSES) against the builds in .device/ab/
+#   ab-train  tools/gpu/ab.sh train (AB_TRAIN_STEPS)
+#   device run, carry [".device"]: bash tools/gpu/validate.sh [STEP...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
-export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+bin=.device/bin
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# The test programs look for fixtures where they were built (MICROLLM_SOURCE_DIR): point that path here.
+source_dir=${VALIDATE_SOURCE_DIR:-/work/main}
+if [ ! -e "$source_dir" ]; then mkdir -p "$(dirname "$source_dir")" && ln -s "$PWD" "$source_dir"; fi
 start=$SECONDS
-for suite in .device/bin/*_tests; do
-  name=$(basename "$suite")
-  filter='*cuda*:*Cuda*'
-  [ "$name" = ops_tests ] && filter=${VALIDATE_FILTER:-$filter}
-  timeout "${VALIDATE_SUITE_SECONDS:-240}" "$suite" --gtest_filter="$filter" --gtest_brief=1 > "$OUT/logs/$name.log" 2>&1
-  echo "== $name (cuda): exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/logs/$name.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
-  grep -E '^\[  FAILED  \]' "$OUT/logs/$name.log" | head -20
-done | tee "$OUT/tests.md"
-OUT="$OUT/serve" bash tools/gpu/run.sh infer-serve 2>&1 | tail -60 | tee "$OUT/serve.md"
-echo "== serve done ($((SECONDS - start)) s)"
-bash tools/gpu/ab.sh bench > /dev/null 2>&1
-cat "$OUT/ab.md"
-echo "== all done ($((SECONDS - start)) s)"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests serve ab)
+
+step_align() {
+  timeout 120 python3 tools/oracle/align_reference.py --fixtures > "$OUT/logs/align_reference.log" 2>&1
+  echo "== align_reference.py --fixtures: exit $?"
+  tail -5 "$OUT/logs/align_reference.log"
+  mkdir -p "$OUT/align" && cp tests/fixtures/align/*.safetensors "$OUT/align/" 2>/dev/null
+}
+
+step_tests() {
+  for suite in "$bin"/*_tests; do
+    name=$(basename "$suite")
+    filter='*cuda*:*Cuda*'
+    [ "$name" = ops_tests ] && filter=${VALIDATE_FILTER:-$filter}
+    timeout "${VALIDATE_SUITE_SECONDS:-240}" "$suite" --gtest_filter="$filter" --gtest_brief=1 > "$OUT/logs/$name.log" 2>&1
+    echo "== $name (cuda): exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/logs/$name.log" | tr '\n' ' ') ($((SECONDS - start)) s)"
+    grep -E '^\[  FAILED  \]' "$OUT/logs/$name.log" | head -20
+  done | tee "$OUT/tests.md"
+}
+
+step_serve() {
+  OUT="$OUT/serve" bash tools/gpu/run.sh infer-serve 2>&1 | tail -60 | tee "$OUT/serve.md"
+}
+
+step_trace() {
+  python3 -c "import random; random.seed(0); open('/tmp/trace_corpus.txt','w').write(''.join(chr(random.randrange(32, 127)) for _ in range(2_000_000)))"
+  "$bin/microllm" prepare --input /tmp/trace_corpus.txt --output /tmp/trace_tokens > "$OUT/logs/trace_prepare.log" 2>&1
+  timeout 150 "$bin/microllm" train --preset tests/fixtures/configs/qwen2.5-0.5b.json --data /tmp/trace_tokens \
+    --device cuda --precision bf16-mixed --batch-size 8 --seq-len 1024 --steps "${TRACE_TRAIN_STEPS:-4}" --warmup 1 \
+    --lr 3e-4 --eval-interval 0 --out /tmp/trace_train --set log_interval=1 --set eval_batches=1 --overwrite \
+    --trace "$OUT/train.trace.json" > "$OUT/logs/trace_train.log" 2>&1
+  echo "== train --trace: exit $?"
+  "$bin/microllm" trace summarize "$OUT/train.trace.json" --rows 15 > "$OUT/train_trace_summary.md" 2>&1
+  cat "$OUT/train_trace_summary.md"
+  timeout 120 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 \
+    -p 512 -n 32 -b 1 -r 1 --workload none --trace "$OUT/bench.trace.json" > "$OUT/logs/trace_bench.log" 2>&1
+  echo "== bench --trace: exit $?"
+  "$bin/microllm" trace summarize "$OUT/bench.trace.json" --rows 15 > "$OUT/bench_trace_summary.md" 2>&1
+  cat "$OUT/bench_trace_summary.md"
+  xz -T0 -6 "$OUT"/*.trace.json 2>/dev/null
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    align) step_align ;;
+    tests) step_tests ;;
+    serve) step_serve ;;
+    trace) step_trace ;;
+    ab) bash tools/gpu/ab.sh bench > /dev/null 2>&1; cat "$OUT/ab.md" ;;
+    ab-train) OUT="$OUT/ab-train" bash tools/gpu/ab.sh train > /dev/null 2>&1; cat "$OUT/ab-train/ab.md" ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "== $step done ($((SECONDS - start)) s)"
+done

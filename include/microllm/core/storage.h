@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "microllm/core/device.h"
+#include "microllm/core/memory.h"
 
 namespace microllm {
 
@@ -41,16 +42,26 @@ class Storage {
   Device device() const { return device_; }
   Allocator* allocator() const { return allocator_; }  // null for borrowed memory
   bool owns_memory() const { return allocator_ != nullptr; }
+  // What the memory is for (core/memory.h): the thread's category when it was allocated; borrowed memory is not
+  // counted.
+  MemoryCategory category() const { return category_; }
 
  private:
-  Storage(void* data, size_t nbytes, Device device, Allocator* allocator, std::shared_ptr<void> keep_alive)
-      : data_(data), nbytes_(nbytes), device_(device), allocator_(allocator), keep_alive_(std::move(keep_alive)) {}
+  Storage(void* data, size_t nbytes, Device device, Allocator* allocator, std::shared_ptr<void> keep_alive,
+          MemoryCategory category)
+      : data_(data),
+        nbytes_(nbytes),
+        device_(device),
+        allocator_(allocator),
+        keep_alive_(std::move(keep_alive)),
+        category_(category) {}
 
   void* data_;
   size_t nbytes_;
   Device device_;
   Allocator* allocator_;
   std::shared_ptr<void> keep_alive_;
+  MemoryCategory category_;
 };
 
 // When on, every new allocation is filled with 0xFF bytes (NaN for floats, -1 for integers), so an

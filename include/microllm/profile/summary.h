@@ -30,10 +30,20 @@ struct GpuActivity {
   std::vector<GpuGap> largest_gaps;  // longest first
 };
 
+// A device's memory in the trace (core/memory.h): the breakdown by category when its live total peaked, and how
+// many timeline samples the trace holds ("memory <device>" counters, MiB per category).
+struct MemoryPeak {
+  std::string device;
+  double peak_mib = 0;
+  std::vector<std::pair<std::string, double>> at_peak_mib;  // category -> MiB
+  int64_t samples = 0;
+};
+
 struct TraceSummary {
   double wall_ms = 0;  // the first span's start to the last span's end
   std::vector<SpanStats> top, layers, ops;  // by total time, longest first; layers: category "layer", ops: "op"
   std::vector<GpuActivity> gpus;
+  std::vector<MemoryPeak> memory;
 };
 
 // `rows`: at most this many rows a table (and gaps a device).

@@ -51,6 +51,7 @@ CublasLtWorkspace cublaslt_workspace(int device, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.workspaces.find({device, stream});
   if (it == s.workspaces.end()) {
+    MemoryCategoryScope memory(MemoryCategory::workspace);
     Tensor buffer = Tensor::empty({static_cast<int64_t>(kCublasLtWorkspaceBytes)}, DType::u8, Device::cuda(device));
     it = s.workspaces.emplace(std::pair{device, stream}, std::move(buffer)).first;
   }
