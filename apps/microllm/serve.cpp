@@ -2,12 +2,14 @@
 //   microllm serve --model models/Qwen2.5-0.5B-Instruct --port 8080
 //   curl -s localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 // Ctrl-C (SIGINT) or SIGTERM stops it: running requests are cancelled, the threads joined.
+#include <chrono>
 #include <csignal>
 #include <iostream>
 #include <memory>
 #include <pthread.h>
 
 #include "commands.h"
+#include "microllm/core/error.h"
 #include "microllm/core/threads.h"
 #include "microllm/serve/server.h"
 #include "trace_file.h"
@@ -20,8 +22,23 @@ struct ServeCliOptions {
   serve::ServerOptions server;
   int threads = 0;
   std::string trace;          // --trace FILE
-  double trace_seconds = 10;  // the trace's window from the server's start
+  double trace_seconds = 0;   // the trace's window from the server's start; 0: 10 s unless trace_requests is set
+  int64_t trace_requests = 0; // or until this many completion requests have been answered
 };
+
+// Waits for SIGINT/SIGTERM until the trace's window ends: `seconds` have passed or `requests` completion requests
+// have been answered (0: no such bound). Returns the signal, or 0 when the window ended first.
+int wait_for_trace_window(const serve::Server& server, const sigset_t& signals, double seconds, int64_t requests) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = seconds > 0 ? Clock::now() + std::chrono::duration<double>(seconds) : Clock::time_point::max();
+  const uint64_t until = server.completions_answered() + static_cast<uint64_t>(requests);
+  while (Clock::now() < end && (requests == 0 || server.completions_answered() < until)) {
+    const timespec poll{0, 20'000'000};  // 20 ms: how late the window may close after its last request
+    const int received = sigtimedwait(&signals, nullptr, &poll);
+    if (received > 0) return received;
+  }
+  return 0;
+}
 
 void run_serve(const ServeCliOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
@@ -38,12 +55,13 @@ void run_serve(const ServeCliOptions& o) {
             << std::endl;
   int received = 0;
   if (!o.trace.empty()) {  // the trace's window: until it ends or a signal comes, whichever is first
+    const double seconds = o.trace_seconds > 0 || o.trace_requests > 0 ? o.trace_seconds : 10;
     TraceFile trace(o.trace);
-    std::cerr << "microllm serve: tracing for " << o.trace_seconds << " s into " << o.trace << std::endl;
-    timespec window{};
-    window.tv_sec = static_cast<time_t>(o.trace_seconds);
-    window.tv_nsec = static_cast<long>((o.trace_seconds - static_cast<double>(window.tv_sec)) * 1e9);
-    received = sigtimedwait(&signals, nullptr, &window);
+    std::cerr << "microllm serve: tracing into " << o.trace << " for "
+              << (o.trace_requests > 0 ? str_cat(o.trace_requests, " requests") : "")
+              << (o.trace_requests > 0 && seconds > 0 ? " or " : "") << (seconds > 0 ? str_cat(seconds, " s") : "")
+              << std::endl;
+    received = wait_for_trace_window(server, signals, seconds, o.trace_requests);
     trace.finish();
   }
   if (received <= 0) sigwait(&signals, &received);
@@ -87,9 +105,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", o->server.http_threads, "Connections served at once")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads for the model (0: all)");
   add_trace_option(cmd, o->trace);
-  cmd->add_option("--trace-seconds", o->trace_seconds, "With --trace: the trace's window from the start, in seconds")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  cmd->add_option("--trace-seconds", o->trace_seconds,
+                  "With --trace: the trace's window from the start, in seconds (default 10 without --trace-requests)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--trace-requests", o->trace_requests,
+                  "With --trace: end the trace once this many completion requests have been answered")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--cors", o->server.cors_origins,
                   "Allow pages from these origins to call the API (CORS); --cors alone: any origin (*)")
       ->expected(0, CLI::detail::expected_max_vector_size)

@@ -26,6 +26,7 @@ void Histogram::write(std::ostringstream& out, const char* name, const char* hel
 }
 
 void Metrics::count_request(const std::string& endpoint, int status) {
+  if (endpoint == "/v1/completions" || endpoint == "/v1/chat/completions") ++completions_answered;
   std::lock_guard lock(m_);
   ++requests_[{endpoint, status}];
 }

@@ -37,6 +37,7 @@ class Metrics {
   // Decode steps of the engine and the sequences they decoded, since the last call.
   void decode_steps(uint64_t steps, uint64_t sequences);
   std::atomic<int64_t> running{0}, queued{0}, kv_blocks_used{0}, kv_blocks_total{0};
+  std::atomic<uint64_t> completions_answered{0};  // /v1/completions and /v1/chat/completions, any status
 
   std::string text() const;  // the Prometheus text format
 

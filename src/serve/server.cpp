@@ -518,4 +518,6 @@ int Server::port() const { return impl_->bound_port; }
 const std::string& Server::model_name() const { return impl_->name; }
 std::string Server::metrics_text() const { return impl_->metrics.text(); }
 
+uint64_t Server::completions_answered() const { return impl_->metrics.completions_answered.load(); }
+
 }  // namespace microllm::serve

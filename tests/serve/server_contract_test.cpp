@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -377,6 +378,54 @@ TEST(ServePorts, OneServerPerPortAndPortsWithinRange) {
   EXPECT_NE(testing::run_command(serve + "70000", output), 0) << output;
   EXPECT_NE(output.find("65535"), std::string::npos) << output;
   EXPECT_EQ(client_of(first).Get("/health")->status, 200);  // the first server is untouched
+}
+
+
+// `serve --trace FILE --trace-requests N`: the trace closes once N completion requests are answered and holds
+// their engine steps; the server goes on serving.
+TEST(ServeTrace, TheWindowEndsAfterTheRequestsAsked) {
+  const std::filesystem::path bin = testing::microllm_binary();
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " is not built";
+  const testing::TinyModelDir dir(testing::fresh_seed());
+  const std::filesystem::path log = dir.dir / "serve.log", trace = dir.dir / "serve.trace.json";
+  std::string pid;
+  ASSERT_EQ(testing::run_command("timeout 120 '" + bin.string() + "' serve --model '" + dir.dir.string() +
+                                     "' --port 0 --trace '" + trace.string() + "' --trace-requests 2 > '" +
+                                     log.string() + "' 2>&1 & echo $!",
+                                 pid),
+            0);
+  const auto log_text = [&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Polls the log until `part` shows (the server's address, then the trace's line) or 60 s pass.
+  const auto wait_for = [&](const std::string& part) {
+    for (auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;) {
+      if (log_text().find(part) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for("http://127.0.0.1:")) << log_text();
+  const std::string text = log_text(), address = "http://127.0.0.1:";
+  const int port = std::stoi(text.substr(text.find(address) + address.size()));
+  httplib::Client c("127.0.0.1", port);
+  for (int i = 0; i < 2; ++i) {
+    auto res = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})", "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+  }
+  EXPECT_TRUE(wait_for("trace: " + trace.string())) << log_text();
+  auto after = c.Get("/health");  // still serving after the window
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200);
+  std::string ignored;
+  testing::run_command("kill -TERM " + pid, ignored);
+  std::ifstream in(trace);
+  const json events = json::parse(in)["traceEvents"];
+  size_t steps = 0;
+  for (const json& e : events) steps += e.value("name", "") == "engine.step";
+  EXPECT_GT(steps, 0u) << "no engine steps in the trace";
 }
 
 }  // namespace

@@ -66,6 +66,8 @@ class Server {
   int port() const;  // the bound port (after start())
   const std::string& model_name() const;
   std::string metrics_text() const;  // what GET /metrics returns
+  // Completion and chat completion requests answered so far, whatever their status (streams when they end).
+  uint64_t completions_answered() const;
 
   struct Impl;
 
