@@ -10,7 +10,7 @@ eval, torch.inference_mode) and runs the same tests:
                position's logits, as generate() asks for and as microllm's engine computes); tokens/s = P / time
   tgN          decode at batch B: N greedy tokens per sequence from a 1-token random prompt with a KV cache;
                tokens/s = B * N / time. transformers: model.generate(do_sample=False,
-               min_new_tokens=max_new_tokens=N, eos_token_id=None), the method of ../shared/docs/BASELINES.md
+               min_new_tokens=max_new_tokens=N, eos_token_id=None), the method of docs/perf/pytorch-baselines.md
                (which used a 128-token prompt; here 1 token, so both sides make N tokens with N forwards);
                --hf-decode loop uses a hand-written loop over a DynamicCache instead (argmax, feed back)
   ppP+tgN      the workload PROMPT:BATCH:NEW (default 2048:2:64) end to end, prefill then decode;

@@ -129,7 +129,10 @@ std::string to_markdown(const TraceSummary& s) {
     if (m.at_peak_mib.empty()) continue;
     out << "\n## Memory of " << m.device << " at its peak: " << fixed(m.peak_mib, 1) << " MiB of live tensors ("
         << m.samples << " timeline samples)\n\n| category | MiB | share |\n|---|---:|---:|\n";
-    for (const auto& [category, mib] : m.at_peak_mib) {
+    std::vector<std::pair<std::string, double>> largest_first(m.at_peak_mib.begin(), m.at_peak_mib.end());
+    std::stable_sort(largest_first.begin(), largest_first.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    for (const auto& [category, mib] : largest_first) {
       out << "| " << category << " | " << fixed(mib, 1) << " | "
           << fixed(m.peak_mib > 0 ? 100 * mib / m.peak_mib : 0, 1) << "% |\n";
     }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "microllm/core/memory.h"
 #include "microllm/ops/optim.h"
 
 namespace microllm::train {
@@ -24,6 +25,7 @@ Optimizer::Optimizer(std::vector<nn::ParameterInfo> params, OptimizerConfig conf
   } else {
     throw ValueError("optimizer", str_cat("unknown optimizer '", config_.type, "' (have adamw, sgd)"));
   }
+  MemoryCategoryScope memory(MemoryCategory::optimizer_state);
   for (size_t s = 0; s < slot_names_.size(); ++s) {
     std::vector<Tensor> slot;
     for (const nn::ParameterInfo& p : params_) {

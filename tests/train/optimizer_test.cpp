@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "microllm/core/memory.h"
 #include "microllm/nn/transformer.h"
 #include "microllm/ops/optim.h"
 #include "test_support.h"
@@ -265,6 +266,23 @@ TEST(Optimizer, DecaysOnlyWeightsAndSkipsParametersWithoutGradients) {
     throw IndexError("test", name);
   });
   EXPECT_EQ(other.steps(), 1);
+}
+
+// The moments are charged to the optimizer state (core/memory.h): two f32 tensors per parameter for AdamW.
+TEST(Optimizer, MomentsAreChargedAsOptimizerState) {
+  nn::TransformerConfig c;
+  c.vocab_size = 32, c.hidden_size = 16, c.intermediate_size = 32, c.num_layers = 1, c.num_heads = 2;
+  c.num_kv_heads = 1;
+  nn::TransformerLM model(c, testing::fresh_seed());
+  const auto state_live = [] {
+    return memory_usage(Device::cpu()).live[static_cast<size_t>(MemoryCategory::optimizer_state)];
+  };
+  const int64_t before = state_live();
+  {
+    Optimizer opt(model.named_parameters(), {.type = "adamw"});
+    EXPECT_EQ(state_live() - before, 2 * model.num_parameters() * 4);
+  }
+  EXPECT_EQ(state_live(), before);
 }
 
 }  // namespace
