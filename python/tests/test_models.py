@@ -347,6 +347,19 @@ def test_ctrl_c_stops_a_stream(long_window_model):
     assert time.monotonic() - start < 20
 
 
+def test_generate_releases_the_gil(long_window_model):
+    """Python threads run while the model computes: a counter in this thread advances during a generation."""
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (long_window_model.generate("x", max_tokens=1500, temperature=0),
+                                              done.set()))
+    worker.start()
+    count = 0
+    while not done.is_set() and count < 10**7:
+        count += 1
+    worker.join()
+    assert count > 10000, f"this thread ran only {count} loop iterations during the generation"
+
+
 # ---- the engine (LLM) ----
 
 
@@ -382,6 +395,20 @@ def test_llm_stop_strings_and_seeds(models, rng):
         assert cut.text == llm.model.generate(prompt, max_tokens=30, temperature=0, stop=[stop])
     with pytest.raises(microllm.ValueError):
         llm.generate(["a"], microllm.SamplingParams(temperature=-1))
+
+
+def test_ctrl_c_stops_the_engine(long_window_model):
+    llm = microllm.LLM(long_window_model, max_batch=2)
+    params = microllm.SamplingParams(temperature=0, max_tokens=20000, ignore_eos=True)
+    timer = interrupt_after(0.3)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["a", "b"], params)
+    timer.join()
+    assert time.monotonic() - start < 20
+    # The cancelled requests left: the engine runs the next ones.
+    out = llm.generate(["a"], microllm.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
 
 
 # ---- tokenizers and chat templates ----
