@@ -24,7 +24,7 @@ import pytest
 import microllm
 
 SOURCE_DIR = Path(os.environ.get("MICROLLM_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-MICROLLM_BIN = os.environ.get("MICROLLM_BIN")
+MICROLLM_BIN = os.path.abspath(os.environ["MICROLLM_BIN"]) if os.environ.get("MICROLLM_BIN") else None
 FIXTURE_MODELS = SOURCE_DIR / "tests" / "fixtures" / "models"
 FAMILIES = ["qwen2", "qwen3", "llama3", "mistral", "llama_linear"]
 QWEN3_TOKENIZER = SOURCE_DIR / "data" / "tokenizers" / "qwen3"
