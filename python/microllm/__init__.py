@@ -7,4 +7,5 @@ See docs/PYTHON.md.
 """
 from ._microllm import *  # noqa: F401,F403
 from ._microllm import __version__  # noqa: F401
+from .training import train  # noqa: F401,E402
 from .llm import LLM, SamplingParams, RequestOutput, CompletionOutput  # noqa: F401,E402

@@ -66,6 +66,7 @@ double now_seconds() {
 
 bool interrupt_requested() { return g_interrupted != 0; }
 void clear_interrupt() { g_interrupted = 0; }
+void request_interrupt() { g_interrupted = 1; }
 
 // ---- TrainConfig ----
 

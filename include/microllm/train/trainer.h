@@ -211,5 +211,8 @@ class Trainer {
 // Ctrl-C: Trainer::run installs a SIGINT handler that sets this flag (a second Ctrl-C kills as usual).
 bool interrupt_requested();
 void clear_interrupt();
+// Sets the flag as Ctrl-C does: the run stops after the current step, saving a checkpoint (for a callback that
+// decides to stop, e.g. from Python). Async-signal-safe.
+void request_interrupt();
 
 }  // namespace microllm::train
