@@ -1,4 +1,5 @@
-/* Uses the installed C API: a matmul checked by hand, and an error reported as a status + message. */
+/* Uses the installed C API: a matmul checked by hand, errors reported as a status + message (an op's, a model
+ * folder's), the sampling defaults. */
 #include <microllm/capi/microllm.h>
 
 #include <math.h>
@@ -29,6 +30,18 @@ int main(void) {
   const microllm_status status = microllm_matmul(a, a, 0, 0, &bad);
   if (status != MICROLLM_ERROR_SHAPE || strstr(microllm_last_error(), "[matmul]") == NULL) {
     fprintf(stderr, "expected a matmul shape error, got status %d: %s\n", (int)status, microllm_last_error());
+    return 1;
+  }
+  /* A folder that is not there: an I/O error naming it. */
+  microllm_model* model = NULL;
+  if (microllm_model_load("/nonexistent/model", "cpu", "f32", &model) != MICROLLM_ERROR_IO ||
+      strstr(microllm_last_error(), "/nonexistent/model") == NULL || model != NULL) {
+    fprintf(stderr, "expected an I/O error naming the folder: %s\n", microllm_last_error());
+    return 1;
+  }
+  const microllm_sampling sampling = microllm_sampling_default();
+  if (sampling.temperature != 0 || sampling.max_tokens <= 0 || microllm_cuda_device_count() < 0) {
+    fprintf(stderr, "unexpected sampling defaults or device count\n");
     return 1;
   }
   printf("microLLM %s C API ok; error path: %s\n", microllm_version(), microllm_last_error());

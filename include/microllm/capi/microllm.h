@@ -60,6 +60,47 @@ microllm_status microllm_rms_norm(const microllm_tensor* x, const microllm_tenso
                                   microllm_tensor** out);
 microllm_status microllm_softmax(const microllm_tensor* x, int64_t dim, microllm_tensor** out);
 
+/* Devices: how many CUDA devices this build and machine have (0 on CPU-only builds or machines). */
+int microllm_cuda_device_count(void);
+
+/* Models: a Hugging Face folder or a microllm checkpoint, loaded on `device` ("cpu", "cuda", "cuda:N") with
+ * weights and compute in `dtype` ("f32", "bf16"; "f64" on the CPU), with the folder's tokenizer when it has one. */
+typedef struct microllm_model microllm_model;
+microllm_status microllm_model_load(const char* directory, const char* device, const char* dtype,
+                                    microllm_model** out);
+void microllm_model_free(microllm_model* model);
+int64_t microllm_model_vocab_size(const microllm_model* model);
+/* The logits [batch, length, vocab] (f32, on the CPU) of ids [batch, length] (row-major). */
+microllm_status microllm_model_logits(const microllm_model* model, const int64_t* ids, int64_t batch, int64_t length,
+                                      microllm_tensor** out);
+
+/* Text. Buffers follow one rule: the call writes at most `capacity` elements and sets *count (or *length) to how
+ * many the whole result has; a result larger than the buffer is MICROLLM_ERROR_VALUE with *count set, so the
+ * caller can grow the buffer and call again. Text is UTF-8 and NUL-terminated when it fits (length excludes it). */
+typedef struct microllm_tokenizer microllm_tokenizer;
+/* A tokenizer.json (file, or a folder with it and tokenizer_config.json, or GPT-2's vocab.json + merges.txt). */
+microllm_status microllm_tokenizer_load(const char* path, microllm_tokenizer** out);
+/* The model's own tokenizer: owned by the model (do not free it); MICROLLM_ERROR_VALUE when the folder had none. */
+microllm_status microllm_model_tokenizer(const microllm_model* model, const microllm_tokenizer** out);
+void microllm_tokenizer_free(microllm_tokenizer* tokenizer);
+microllm_status microllm_tokenize(const microllm_tokenizer* tokenizer, const char* text, int add_special_tokens,
+                                  int32_t* ids, size_t capacity, size_t* count);
+microllm_status microllm_detokenize(const microllm_tokenizer* tokenizer, const int32_t* ids, size_t count,
+                                    int skip_special_tokens, char* text, size_t capacity, size_t* length);
+
+/* Generation: the prompt encoded with the model's tokenizer (special tokens added), continued until max_tokens,
+ * the model's window, or an end-of-sequence id (config.json's and the tokenizer's). temperature 0 is greedy. */
+typedef struct microllm_sampling {
+  int64_t max_tokens;
+  double temperature, top_p, min_p, repetition_penalty;
+  int64_t top_k;
+  uint64_t seed;
+} microllm_sampling;
+/* Greedy, 256 tokens, no truncation or penalty, seed 0. */
+microllm_sampling microllm_sampling_default(void);
+microllm_status microllm_generate(const microllm_model* model, const char* prompt, const microllm_sampling* sampling,
+                                  char* text, size_t capacity, size_t* length);
+
 #ifdef __cplusplus
 }
 #endif
