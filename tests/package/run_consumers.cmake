@@ -52,4 +52,15 @@ if(PKG_CONFIG AND CC)
 else()
   message(FATAL_ERROR "pkg-config and a C compiler are needed for the package test")
 endif()
+# The Python package, where the build made one: imported from the relocated prefix's site-packages.
+file(GLOB_RECURSE python_extensions ${prefix}/*/microllm/_microllm*.so)
+if(python_extensions AND PYTHON)
+  list(GET python_extensions 0 extension)
+  get_filename_component(package_dir ${extension} DIRECTORY)
+  get_filename_component(site_dir ${package_dir} DIRECTORY)
+  set(ENV{PYTHONPATH} ${site_dir})
+  run(${PYTHON} -c "import numpy, microllm; a = numpy.arange(6, dtype=numpy.float32).reshape(2, 3); \
+t = microllm.from_numpy(a); assert numpy.asarray(microllm.ops.matmul(t, t, transpose_b=True)).tolist() == \
+(a @ a.T).tolist(); assert microllm.__file__.startswith('${prefix}'), microllm.__file__; print('python ok', microllm.__file__)")
+endif()
 message(STATUS "every consumer built and ran against the relocated SDK")
