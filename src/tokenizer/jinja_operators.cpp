@@ -301,7 +301,8 @@ Value string_method(const std::string& s, const std::string& name) {
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     return method([s, name, qualified](CallArguments& a) {
       check_arguments(a, qualified, 1);
-      const std::string& sub = string_argument(argument(a, 0, ""), qualified);
+      const Value sub_value = argument(a, 0, "");
+      const std::string& sub = string_argument(sub_value, qualified);
       if (name == "count") {
         if (sub.empty()) return Value(static_cast<int64_t>(to_code_points(s).size()) + 1);
         int64_t n = 0;
