@@ -34,6 +34,7 @@
 #include "commands.h"
 #include "microllm/autograd/variable.h"
 #include "microllm/core/cuda.h"
+#include "microllm/backend/kernel_choices.h"
 #include "microllm/backend/op_timing.h"
 #include "microllm/core/threads.h"
 #include "microllm/generate/engine.h"
@@ -67,6 +68,7 @@ struct BenchCliOptions {
   int threads = 0;
   std::string path = "engine";  // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
   bool op_times = false;        // time every op with CUDA events (graphs off) and print the slowest per test
+  bool explain = false;         // print which kernel each fused or dispatching op chose, per test
   int64_t prefill_chunk = 4096;  // the default workload's two 2,048-token prompts in one prefill forward
   // Whether the test lists came from the command line (then a test that cannot run is an error).
   bool prompts_given = false, new_tokens_given = false, batches_given = false, workloads_given = false;
@@ -89,10 +91,26 @@ struct Row {
   double tokens = 0;        // counted tokens per repetition (generated ones for a workload)
   double total_tokens = 0;  // prompt + generated tokens per repetition
   std::vector<OpTiming> op_times;  // --op-times: over the timed repetitions
+  std::vector<KernelChoice> kernels;  // --explain: each op's choices over the test's repetitions
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// --explain: the kernel each op chose in each test (CUDA graphs replay what their capture chose).
+void print_kernel_choices(std::ostream& out, const std::vector<Row>& rows, Device device) {
+  if (!device.is_cuda()) {
+    out << "\nkernels: on the CPU every fused op runs its composition of the reference ops (src/backend/fusions.cpp)\n";
+    return;
+  }
+  for (const Row& r : rows) {
+    out << "\nkernels, " << r.test.name << " batch " << r.test.batch
+        << " (each op's choice and its host calls; docs/CUDA.md):\n| op | shapes | kernel | calls |\n| --- | --- | --- | ---: |\n";
+    for (const KernelChoice& k : r.kernels) {
+      out << "| " << k.op << " | " << k.shapes << " | " << k.choice << " | " << k.calls << " |\n";
+    }
+  }
 }
 
 void sync(Device device) {
@@ -407,6 +425,7 @@ void run_bench(const BenchCliOptions& o) {
 
   const bool progress = isatty(STDERR_FILENO);
   if (o.op_times) set_op_timing(true);
+  set_recording_kernel_choices(o.explain);
   autograd::NoGradGuard no_grad;
   Bench bench(*model, device, dtype, o.seed + 1);
   std::vector<Row> rows;
@@ -429,7 +448,8 @@ void run_bench(const BenchCliOptions& o) {
       cache = std::make_unique<generate::ContiguousKvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype,
                                                             device);
     }
-    Row row{t, {}, {}, 0, 0, {}};
+    Row row{t, {}, {}, 0, 0, {}, {}};
+    clear_kernel_choices();
     row.tokens = static_cast<double>(t.batch * (t.kind == Kind::prefill ? t.prompt : t.generated));
     row.total_tokens = static_cast<double>(t.batch * (t.prompt + t.generated));
     for (int i = 0; i < o.warmup + o.reps; ++i) {
@@ -444,6 +464,7 @@ void run_bench(const BenchCliOptions& o) {
       row.tokens_per_second.push_back(s > 0 ? row.tokens / s : 0);
     }
     if (o.op_times) row.op_times = op_timings();
+    row.kernels = kernel_choices();
     rows.push_back(std::move(row));
   }
   trace.finish();
@@ -490,6 +511,7 @@ void run_bench(const BenchCliOptions& o) {
           << format_rate(100 * op.total_ms / total) << "% |\n";
     }
   }
+  if (o.explain) print_kernel_choices(out, rows, device);
   std::cout << out.str() << std::flush;
 
   if (!o.json.empty()) {
@@ -526,6 +548,9 @@ void run_bench(const BenchCliOptions& o) {
         std::vector<double> total;
         for (double s : r.seconds) total.push_back(s > 0 ? r.total_tokens / s : 0);
         row["total_tokens_per_second_median"] = median(total);
+      }
+      for (const KernelChoice& k : r.kernels) {
+        row["kernels"].push_back({{"op", k.op}, {"shapes", k.shapes}, {"kernel", k.choice}, {"calls", k.calls}});
       }
       report["rows"].push_back(std::move(row));
     }
@@ -583,6 +608,8 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--op-times", o->op_times,
                 "CUDA: time every op with events (the engine without CUDA graphs) and print the slowest per test");
+  cmd->add_flag("--explain", o->explain,
+                "Print which kernel each fused or dispatching op chose in each test, with its launch shape");
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Engine: prompt tokens per prefill forward")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -28,9 +28,9 @@
   X(attention_o, "attention-o", "MICROLLM_ATTENTION_O",                                                         \
     "the o projection inside the paged decode attention's kernel (paged_attention.cu): its own GEMV after it")  \
   X(attention_cluster, "attention-cluster", "MICROLLM_ATTENTION_CLUSTER",                                       \
-    "a token's attention in one cluster past one split (launch_token_cluster): head clusters or the splits")    \
+    "a token's attention in one cluster past one split (the plan's token_cluster): head clusters or the splits")    \
   X(attention_head_cluster, "attention-head-cluster", "MICROLLM_ATTENTION_HEAD_CLUSTER",                        \
-    "a kv head's slices a cluster (launch_head_clusters): the splits and their projected merge")
+    "a kv head's slices a cluster (the plan's head_clusters): the splits and their projected merge")
 
 namespace microllm::detail {
 

@@ -28,7 +28,7 @@ TEST(BenchCli, TinyPresetOnTheCpuWritesTheExpectedRows) {
   const fs::path json_path = fs::temp_directory_path() / ("microllm-bench-" + std::to_string(getpid()) + ".json");
   std::string output;
   const std::string command = std::string("'").append(bin.string()).append("' bench --preset tiny -p 16 -n 4 -b 1,2 "
-                                                                          "-r 1 --device cpu --json '")
+                                                                          "-r 1 --device cpu --explain --json '")
                                   .append(json_path.string())
                                   .append("'");
   const int rc = run_command(command, output);
@@ -39,6 +39,7 @@ TEST(BenchCli, TinyPresetOnTheCpuWritesTheExpectedRows) {
   EXPECT_NE(output.find("command: "), std::string::npos) << output;
   EXPECT_NE(output.find("machine: CPU "), std::string::npos) << output;
   EXPECT_NE(output.find("| tiny | "), std::string::npos) << output;
+  EXPECT_NE(output.find("kernels: on the CPU every fused op runs its composition"), std::string::npos) << output;
 
   std::ifstream in(json_path);
   ASSERT_TRUE(in.good()) << json_path;

@@ -18,16 +18,17 @@
 #include <tuple>
 #include <vector>
 
+#include "microllm/backend/kernel_choices.h"
 #include "microllm/core/cuda.h"
 #include "microllm/ops/attention.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/rope.h"
+#include "backend/environment.h"
 #include "test_support.h"
 
 #ifdef MICROLLM_WITH_CUDA
 #include "backend/cuda/paged_attention.h"
-#include "backend/environment.h"
 #endif
 
 namespace microllm {
@@ -626,6 +627,25 @@ TEST(PagedDecodeAttentionTest, ContractErrorsNameTheRow) {
   });
   EXPECT_NE(shape.find("k shape"), std::string::npos) << shape;
   EXPECT_EQ(run(s.slots, c.seq_ids), "no error");
+}
+
+// `bench --explain`'s record: the decode step's plan, under the op that ran it, with the shapes it was chosen by.
+TEST_P(PagedAttentionTest, ExplainRecordsThePlanThatRan) {
+  const Device d = device();
+  if (!d.is_cuda()) GTEST_SKIP() << "the CPU's fusions run their compositions: there is no kernel to choose";
+  if (detail::path_disabled(detail::FastPath::attention_o)) GTEST_SKIP() << "MICROLLM_DISABLE=attention-o is set";
+  set_recording_kernel_choices(true);
+  clear_kernel_choices();
+  check_projected_matches_reference(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), DType::bf16, 896, true,
+                                    256, d, "qwen b1");
+  set_recording_kernel_choices(false);
+  const std::vector<KernelChoice> choices = kernel_choices();
+  const auto it = std::find_if(choices.begin(), choices.end(),
+                               [](const KernelChoice& c) { return c.op == "paged_decode_attention_projected"; });
+  ASSERT_NE(it, choices.end());
+  EXPECT_EQ(it->shapes, "tokens 1, heads 14/2 x 64, context 256, o 896x896");
+  EXPECT_EQ(it->choice.rfind("projected: ", 0), 0u) << it->choice;
+  clear_kernel_choices();
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, PagedAttentionTest, ::testing::ValuesIn(testing::test_devices()),

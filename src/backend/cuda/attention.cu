@@ -16,6 +16,7 @@
 #include "attention_kernels.h"
 #include "common.cuh"
 #include "cuda_backend.h"
+#include "microllm/backend/kernel_choices.h"
 #include "op_scope.h"
 #include "rows.cuh"
 
@@ -73,19 +74,30 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   Launch launch(out);
   namespace at = cuda_kernels::attention;
   const at::Problem p = at::make_problem(q, k, params);
+  auto record = [&](const char* choice) {
+    if (!recording_kernel_choices()) return;
+    record_kernel_choice("attention",
+                         "q " + std::to_string(q.size(0)) + "x" + std::to_string(q.size(1)) + "x" +
+                             std::to_string(q.size(2)) + "x" + std::to_string(q.size(3)) + ", keys " +
+                             std::to_string(k.size(2)),
+                         choice);
+  };
   if (!at::force_reference()) {
     if (at::decode_supported(p, q.dtype())) {
+      record("decode kernel (a query row a CTA)");
       return at::write_into(out, false, [&](const Tensor& o) {
         at::decode_forward(p, q, k, v, mask, o, lse, launch.stream, launch.device);
       });
     }
     if (at::flash_supported(p, q.dtype(), mask.defined())) {
+      record("flash attention");
       // Its epilogue stores 16-byte row pieces: out's rows must be aligned for them.
       return at::write_into(out, rows::rows_aligned16(out), [&](const Tensor& o) {
         at::flash_forward(p, q, k, v, o, lse, launch.stream, launch.device);
       });
     }
   }
+  record("reference kernel");
   at::write_into(out, false, [&](const Tensor& o) { at::reference_forward(p, q, k, v, mask, o, lse, launch.stream); });
 }
 

@@ -36,6 +36,7 @@
 #include "cuda_backend.h"
 #include "gemm_swiglu.h"
 #include "microllm/backend/backend.h"
+#include "microllm/backend/kernel_choices.h"
 #include "microllm/core/error.h"
 #include "op_scope.h"
 #include "rows.cuh"
@@ -332,7 +333,15 @@ namespace microllm {
 // At prefill size (swiglu_gemm_pays) and where the kernel takes the operands, one Hopper GEMM with SwiGLU in its
 // epilogue; elsewhere (and with a bias) the default composition: cuBLASLt's product, then the swiglu kernel.
 void CudaFusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
-  if (!bias.defined() && cuda_kernels::swiglu_gemm_pays(x.size(0)) && cuda_kernels::swiglu_gemm_takes(x, weight, out)) {
+  const bool fused =
+      !bias.defined() && cuda_kernels::swiglu_gemm_pays(x.size(0)) && cuda_kernels::swiglu_gemm_takes(x, weight, out);
+  if (recording_kernel_choices()) {
+    record_kernel_choice("linear_swiglu",
+                         "rows " + std::to_string(x.size(0)) + ", weight " + std::to_string(weight.size(0)) + "x" +
+                             std::to_string(weight.size(1)),
+                         fused ? "Hopper GEMM with SwiGLU in its epilogue" : "composition: matmul, swiglu");
+  }
+  if (fused) {
     const cuda_kernels::OpScope scope("swiglu_gemm", device_, detail::current_cuda_stream(device_));
     const cuda_kernels::Launch launch(out);
     cuda_kernels::swiglu_gemm(x, weight, out, launch.stream);

@@ -49,6 +49,7 @@
 #include "cuda_backend.h"
 #include "gemv.h"
 #include "microllm/backend/backend.h"
+#include "microllm/backend/kernel_choices.h"
 #include "op_scope.h"
 #include "rows.cuh"
 
@@ -485,6 +486,18 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
 
 namespace microllm {
 
+namespace {
+
+void record_choice_of_rms_norm_linear(const Tensor& x, const Tensor& weight, bool swiglu, const char* choice) {
+  if (!recording_kernel_choices()) return;
+  record_kernel_choice(swiglu ? "rms_norm_linear (swiglu)" : "rms_norm_linear",
+                       "rows " + std::to_string(x.size(0)) + ", weight " + std::to_string(weight.size(0)) + "x" +
+                           std::to_string(weight.size(1)),
+                       choice);
+}
+
+}  // namespace
+
 // try_decode_gemv's folded case by shape (its layout conditions hold for the model's tensors).
 bool CudaFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
   return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
@@ -501,9 +514,12 @@ void CudaFusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const
     if (cuda_kernels::try_decode_gemv(x, weight, bias.defined() ? bias.data_ptr() : nullptr,
                                       bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, swiglu,
                                       "rms_norm_linear")) {
+      record_choice_of_rms_norm_linear(x, weight, swiglu, "decode GEMV with the RMSNorm folded in");
       return;
     }
   }
+  record_choice_of_rms_norm_linear(x, weight, swiglu, swiglu ? "composition: rms_norm, linear_swiglu"
+                                                             : "composition: rms_norm, matmul");
   // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and swiglu or swiglu_gemm).
   Fusions::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
 }

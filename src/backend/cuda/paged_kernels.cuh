@@ -49,6 +49,7 @@
 #include <cmath>
 
 #include "../../core/cuda/device_errors.h"
+#include "../paged_decode_plan.h"
 #include "common.cuh"
 #include "decode_mma.cuh"
 #include "decode_phases.cuh"
@@ -61,11 +62,12 @@ namespace {
 using detail::DeviceErrorCode;
 using detail::report_device_error;
 
-constexpr int kStagedThreads = 256;  // the staged kernel
-constexpr int kStagedWarps = kStagedThreads / 32;
-constexpr int kSmallThreads = 128;  // the combine and simple kernels
-constexpr int kMaxFastDim = 256;
-constexpr int kSimpleKeys = 128;  // keys per step of the simple kernel: one per thread
+// The launch constants the host's plan shares (paged_decode_plan.h).
+using paged_plan::kMaxFastDim;
+using paged_plan::kSimpleKeys;
+using paged_plan::kSmallThreads;
+using paged_plan::kStagedThreads;
+using paged_plan::kStagedWarps;
 
 // The rotary inverse frequencies (rope_math.h on the host), by value: paged_decode_attention only.
 using RopeFreq = rotary::InvFreq<float, kMaxFastDim / 2>;
@@ -546,7 +548,7 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
 }
 
 // paged_decode_attention_projected past one split, in one kernel where a token's attention fits one cluster
-// (paged_attention.cu: launch_token_cluster). A token has clusters of kv_heads x slices CTAs (grid y: replicas, as
+// (paged_decode_plan.h: token_cluster). A token has clusters of kv_heads x slices CTAs (grid y: replicas, as
 // kProject's); CTA rank c takes kv head c / slices and slice c % slices of the token's keys (an even share of its
 // length, at most a.chunk) for all R of that kv head's query heads, as a split of the staged kernel does, but keeps
 // its (m, l, o) in shared memory. After a cluster barrier CTA c < q_heads merges query head c from the slices of
@@ -555,7 +557,7 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
 // every cluster barrier.
 // Why: past one split the attention was two kernels (the splits, then their merge and the projection), and the
 // second waited for the whole grid of the first.
-// kHeadClusters (launch_head_clusters): a cluster holds ONE kv head's slices (twice the slices of a token's cluster
+// kHeadClusters (paged_decode_plan.h: head_clusters): a cluster holds ONE kv head's slices (twice the slices of a token's cluster
 // with 2 kv heads, so a 4,096-key graph's slices still fit one chunk), and a token has kv_heads clusters (grid x:
 // token, kv head, rank). CTA c < group merges query head c of its kv head; the cluster projects its heads' part of
 // the input, x [group * D], onto the CTA's columns (partial sums, f32, to a.proj_partial), and the last of the
