@@ -34,7 +34,7 @@ void Fusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor&
 void Fusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope_params,
                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                     double scale, int64_t max_context, const Tensor& out) {
+                                     double scale, int64_t max_context, const Tensor& out, int64_t window) {
   // rope takes [B, T, H, D] with positions [B, T]: the N tokens as N sequences of one.
   const Tensor pos = positions.unsqueeze(1);
   const Tensor q_rot = Tensor::empty({q.size(0), 1, q.size(1), q.size(2)}, q.dtype(), q.device());
@@ -43,7 +43,7 @@ void Fusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Ten
   primitives_.rope(k.unsqueeze(1), pos, rope_params, /*inverse=*/false, k_rot);
   primitives_.paged_kv_write(k_pool, v_pool, k_rot.select(1, 0), v, slots);
   primitives_.paged_attention(q_rot.select(1, 0), k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
-                              out);
+                              out, window);
 }
 
 void Fusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -51,10 +51,10 @@ void Fusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k,
                                                const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                                                const Tensor& seq_ids, const Tensor& positions, double scale,
                                                int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                               const Tensor& out) {
+                                               const Tensor& out, int64_t window) {
   const Tensor attention = Tensor::empty(q.shape(), q.dtype(), q.device());
   paged_decode_attention(q, k, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                         max_context, attention);
+                         max_context, attention, window);
   primitives_.matmul(attention.reshape({q.size(0), q.size(1) * q.size(2)}), o_weight, /*transpose_a=*/false,
                      /*transpose_b=*/true, Tensor(), addend, out);
 }

@@ -15,10 +15,11 @@ int group_of(const DecodeShape& s) { return s.q_heads / s.kv_heads; }
 
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
 // shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256). Then the grid's x extent (one query head a CTA at
-// most: tokens x q heads) and the combine kernel's split limit.
+// most: tokens x q heads) and the combine kernel's split limit. No sliding window: the staged kernels attend to every
+// key of the context.
 bool staged_fits(const DecodeShape& s) {
   const bool dim_ok = s.dim % 8 == 0 && s.dim <= kMaxFastDim && s.dim >= 8 && 32 % (s.dim / 8) == 0;
-  return dim_ok && s.aligned_pools && s.tokens * s.q_heads < (int64_t{1} << 31) &&
+  return dim_ok && s.window == 0 && s.aligned_pools && s.tokens * s.q_heads < (int64_t{1} << 31) &&
          ceil_div(s.max_context, 32) <= kMaxSplits;
 }
 

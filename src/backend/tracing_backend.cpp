@@ -128,9 +128,9 @@ void TracingBackend::paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, 
 
 void TracingBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                     double scale, int64_t max_context, const Tensor& out) {
+                                     double scale, int64_t max_context, const Tensor& out, int64_t window) {
   Scope span("paged_attention", "op");
-  inner_.paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out);
+  inner_.paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out, window);
 }
 
 void TracingBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
@@ -202,10 +202,10 @@ bool TracingFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, b
 void TracingFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                             const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                            double scale, int64_t max_context, const Tensor& out) {
+                                            double scale, int64_t max_context, const Tensor& out, int64_t window) {
   Scope span("paged_decode_attention", "op");
   inner_.paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                max_context, out);
+                                max_context, out, window);
 }
 
 void TracingFusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -213,10 +213,11 @@ void TracingFusions::paged_decode_attention_projected(const Tensor& q, const Ten
                                                       const Tensor& v_pool, const Tensor& slots,
                                                       const Tensor& block_tables, const Tensor& seq_ids,
                                                       const Tensor& positions, double scale, int64_t max_context,
-                                                      const Tensor& o_weight, const Tensor& addend, const Tensor& out) {
+                                                      const Tensor& o_weight, const Tensor& addend, const Tensor& out,
+                                                      int64_t window) {
   Scope span("paged_decode_attention_projected", "op");
   inner_.paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                          max_context, o_weight, addend, out);
+                                          max_context, o_weight, addend, out, window);
 }
 
 void TracingFusions::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,

@@ -46,7 +46,7 @@ class TracingBackend final : public Backend {
                       const Tensor& slots) override;
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                       const Tensor& out) override;
+                       const Tensor& out, int64_t window) override;
   void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
                             const Tensor& outbox, const Tensor& counter) override;
   void paged_gather(const Tensor& pool, const Tensor& block_table_row, int64_t length, const Tensor& out) override;
@@ -79,12 +79,12 @@ class TracingFusions final : public Fusions {
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out) override;
+                              int64_t max_context, const Tensor& out, int64_t window) override;
   void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                         double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                        const Tensor& out) override;
+                                        const Tensor& out, int64_t window) override;
   void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                            const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                            const Tensor& q_out, const Tensor& k_out) override;

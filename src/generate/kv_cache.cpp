@@ -42,6 +42,7 @@ ContiguousKvCache::ContiguousKvCache(const nn::TransformerConfig& config, int64_
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     keys_.push_back(Tensor::empty(shape, dtype, device));
     values_.push_back(Tensor::empty(shape, dtype, device));
+    windows_.push_back(config.window_of(layer));
   }
 }
 
@@ -78,6 +79,7 @@ Tensor ContiguousKvCache::attend(int layer, const Tensor& q_in, const Tensor& k_
   const int64_t keys = length_ + tokens;
   AttentionParams params;
   params.q_offset = length_;
+  params.window = windows_[at];
   const Tensor mask = key_mask_.defined() ? key_mask_.narrow(3, 0, keys) : Tensor();
   const Tensor out = microllm::attention(q.transpose(1, 2), keys_[at].narrow(2, 0, keys),
                                          values_[at].narrow(2, 0, keys), params, mask)
@@ -102,6 +104,7 @@ PagedKvCache::PagedKvCache(const nn::TransformerConfig& config, int64_t num_bloc
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     keys_.push_back(Tensor::empty(shape, dtype, device));
     values_.push_back(Tensor::empty(shape, dtype, device));
+    windows_.push_back(config.window_of(layer));
   }
 }
 
@@ -122,7 +125,8 @@ Tensor PagedDecode::attend(int layer, const Tensor& q, const Tensor& k, const Te
   MICROLLM_CHECK(q.size(1) == 1, ShapeError, "paged_decode", "a decode step takes one token per row, got ", q.size(1));
   const Tensor out = Tensor::empty({batch, q.size(2), q.size(3)}, q.dtype(), q.device());
   paged_decode_attention(q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer), cache_.values(layer),
-                         in_.slots, in_.block_tables, in_.seq_ids, in_.positions, 0, in_.max_context, out);
+                         in_.slots, in_.block_tables, in_.seq_ids, in_.positions, 0, in_.max_context, out,
+                         cache_.window(layer));
   return out.reshape({batch, 1, q.size(2) * q.size(3)});
 }
 
@@ -137,7 +141,8 @@ Tensor PagedDecode::attend_projected(int layer, const Tensor& q, const Tensor& k
   paged_decode_attention_projected(q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer),
                                    cache_.values(layer), in_.slots, in_.block_tables, in_.seq_ids, in_.positions, 0,
                                    in_.max_context, o_matrix,
-                                   addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out);
+                                   addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out,
+                                   cache_.window(layer));
   return out.reshape({batch, 1, hidden});
 }
 
@@ -161,6 +166,7 @@ Tensor PagedPrefill::attend(int layer, const Tensor& q_in, const Tensor& k_in, c
   }
   AttentionParams params;
   params.q_offset = in_.chunk_start;
+  params.window = cache_.window(layer);
   const Tensor out = microllm::attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), params).out;
   return out.transpose(1, 2).reshape({batch, tokens, hq * d});
 }

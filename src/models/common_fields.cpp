@@ -79,4 +79,48 @@ nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::strin
   return c;
 }
 
+void read_sliding_window(const ConfigReader& r, SlidingWindowFields fields, nn::TransformerConfig& c) {
+  const bool qwen = fields == SlidingWindowFields::qwen;
+  if (qwen && !r.boolean_or("use_sliding_window", false)) return;  // sliding_window is written but unused then
+  if (!r.has("sliding_window")) {
+    MICROLLM_CHECK(!qwen, ParseError, r.origin(), "field 'use_sliding_window' is true but 'sliding_window' is missing");
+    return;
+  }
+  c.sliding_window = r.integer("sliding_window");
+  MICROLLM_CHECK(c.sliding_window > 0, ParseError, r.origin(), "field 'sliding_window' must be > 0, got ",
+                 c.sliding_window);
+  if (r.has("layer_types")) {
+    const nlohmann::json& types = r.raw("layer_types");
+    MICROLLM_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers, ParseError, r.origin(),
+                   "field 'layer_types' must list one type for each of the ", c.num_layers, " layers");
+    for (const nlohmann::json& t : types) {
+      MICROLLM_CHECK(t == "sliding_attention" || t == "full_attention", NotSupportedError, r.origin(),
+                     "field 'layer_types' has ", t.dump(), ": only \"sliding_attention\" and \"full_attention\" are supported");
+      c.sliding_layers.push_back(t == "sliding_attention");
+    }
+  } else if (qwen) {
+    const int64_t first = r.integer_or("max_window_layers", 28);  // transformers' default
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back(i >= first);
+  }
+}
+
+void write_sliding_window(const nn::TransformerConfig& c, SlidingWindowFields fields, nlohmann::json& j) {
+  const bool qwen = fields == SlidingWindowFields::qwen;
+  const bool windowed = c.sliding_window > 0;
+  j["sliding_window"] = windowed ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+  if (qwen) {
+    j["use_sliding_window"] = windowed;
+    int64_t first = 0;  // the layers from max_window_layers on slide
+    while (first < static_cast<int64_t>(c.sliding_layers.size()) && !c.sliding_layers[static_cast<size_t>(first)]) {
+      ++first;
+    }
+    j["max_window_layers"] = windowed ? first : c.num_layers;
+  }
+  if (windowed && !c.sliding_layers.empty()) {
+    nlohmann::json types = nlohmann::json::array();
+    for (bool sliding : c.sliding_layers) types.push_back(sliding ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
+}
+
 }  // namespace microllm::models

@@ -74,6 +74,14 @@ class ConfigReader {
 // The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, the MLP's activation).
 nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type);
 
+// Sliding-window attention as transformers reads it: `layer_types` ("sliding_attention" / "full_attention" per
+// layer) where given; else Mistral's `sliding_window` (every layer; null: none), or Qwen2/Qwen3's
+// `use_sliding_window` with `sliding_window` for the layers from `max_window_layers` on.
+enum class SlidingWindowFields { mistral, qwen };
+void read_sliding_window(const ConfigReader& r, SlidingWindowFields fields, nn::TransformerConfig& c);
+// And written back: Mistral's field or Qwen's three, and layer_types where some layers are full.
+void write_sliding_window(const nn::TransformerConfig& c, SlidingWindowFields fields, nlohmann::json& j);
+
 // A model family: config.json's model_type, the transformers class that loads it, how its config.json reads
 // into a TransformerConfig (the family's description of its block), and what it adds to the fields every
 // config.json gets when one is written (write_config; nullptr: nothing). src/models/ has one file per family and

@@ -1,4 +1,4 @@
-// model_type "mistral": the Llama architecture; only without a sliding window.
+// model_type "mistral": the Llama architecture with sliding-window attention (sliding_window; null: none).
 #include "config_reader.h"
 
 namespace microllm::models {
@@ -8,18 +8,12 @@ void write_mistral_config(const nn::TransformerConfig& c, nlohmann::json& j) {
                  "a mistral config has neither q/k/v biases (qwen2) nor QK-norm (qwen3)");
   j["attention_bias"] = false;
   j["mlp_bias"] = false;
-  j["sliding_window"] = nullptr;
+  write_sliding_window(c, SlidingWindowFields::mistral, j);
 }
 
 nn::TransformerConfig read_mistral_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "mistral");
-  if (r.has("sliding_window")) {
-    const int64_t window = r.integer("sliding_window");
-    // A window at least as long as the context never masks anything: full attention.
-    MICROLLM_CHECK(window >= c.max_position_embeddings, NotSupportedError, r.origin(), "field 'sliding_window' = ",
-                   window, " is shorter than max_position_embeddings (", c.max_position_embeddings,
-                   "): sliding-window attention is not supported");
-  }
+  read_sliding_window(r, SlidingWindowFields::mistral, c);
   return c;
 }
 

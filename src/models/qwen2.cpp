@@ -6,16 +6,13 @@ namespace microllm::models {
 void write_qwen2_config(const nn::TransformerConfig& c, nlohmann::json& j) {
   MICROLLM_CHECK(c.attention_bias && !c.qk_norm, NotSupportedError, "config",
                  "a qwen2 config has q/k/v biases (attention_bias) and no QK-norm");
-  j["use_sliding_window"] = false;
-  j["sliding_window"] = nullptr;
-  j["max_window_layers"] = c.num_layers;
+  write_sliding_window(c, SlidingWindowFields::qwen, j);
 }
 
 nn::TransformerConfig read_qwen2_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "qwen2");
   c.attention_bias = true;
-  // sliding_window is always written; it is used only when use_sliding_window is true.
-  r.reject("use_sliding_window", "sliding-window attention is not supported");
+  read_sliding_window(r, SlidingWindowFields::qwen, c);
   return c;
 }
 

@@ -7,16 +7,14 @@ void write_qwen3_config(const nn::TransformerConfig& c, nlohmann::json& j) {
   MICROLLM_CHECK(c.qk_norm && !c.attention_bias, NotSupportedError, "config",
                  "a qwen3 config has QK-norm and no q/k/v biases");
   j["attention_bias"] = false;
-  j["use_sliding_window"] = false;
-  j["sliding_window"] = nullptr;
-  j["max_window_layers"] = c.num_layers;
+  write_sliding_window(c, SlidingWindowFields::qwen, j);
 }
 
 nn::TransformerConfig read_qwen3_config(const ConfigReader& r) {
   nn::TransformerConfig c = read_common_fields(r, "qwen3");
   c.qk_norm = true;
   r.reject("attention_bias", "biases on the attention projections are not supported for qwen3");
-  r.reject("use_sliding_window", "sliding-window attention is not supported");
+  read_sliding_window(r, SlidingWindowFields::qwen, c);
   return c;
 }
 

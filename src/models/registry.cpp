@@ -49,6 +49,9 @@ void check_round_trip(const nn::TransformerConfig& c, const nn::TransformerConfi
   same(back.qk_norm == c.qk_norm, "qk_norm");
   same(back.norm_placement == c.norm_placement, "norm placement");
   same(back.mlp_activation == c.mlp_activation, "MLP activation");
+  bool same_windows = true;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) same_windows &= back.window_of(layer) == c.window_of(layer);
+  same(same_windows, "sliding window");
 }
 
 }  // namespace

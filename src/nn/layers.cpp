@@ -149,15 +149,15 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   q = tap(ctx, name_, "q_rotary", ag::rope(q, positions, config_.rope));
   k = tap(ctx, name_, "k_rotary", ag::rope(k, positions, config_.rope));
   const Variable q_heads = ag::transpose(q, 1, 2), k_heads = ag::transpose(k, 1, 2);  // [B, H, T, D]
+  AttentionParams params;
+  params.window = config_.window;
   if (ctx.taps) {
     const std::string point = str_cat(name_, ".attn_weights");
     if (ctx.taps->wants(point)) {
-      ctx.taps->record(point, microllm::attention_weights(q_heads.value(), k_heads.value(), AttentionParams{},
-                                                ctx.attention_mask));
+      ctx.taps->record(point, microllm::attention_weights(q_heads.value(), k_heads.value(), params, ctx.attention_mask));
     }
   }
-  Variable out = ag::attention(q_heads, k_heads, ag::transpose(v, 1, 2), AttentionParams{},
-                               ctx.attention_mask);  // [B, Hq, T, D]
+  Variable out = ag::attention(q_heads, k_heads, ag::transpose(v, 1, 2), params, ctx.attention_mask);  // [B, Hq, T, D]
   out = tap(ctx, name_, "o_proj.input", ag::reshape(ag::transpose(out, 1, 2), {batch, tokens, config_.num_heads * d}));
   return tap(ctx, name_, "o_proj", o_proj_->forward(out, ctx));
 }
@@ -182,7 +182,7 @@ Variable Mlp::forward(const Variable& x, const ForwardContext& ctx) const {
 
 DecoderLayer::DecoderLayer(const TransformerConfig& config, int index, Initializer& init)
     : placement_(config.norm_placement), index_(index), name_(str_cat("model.layers.", index)) {
-  const AttentionConfig attention = config.attention();
+  const AttentionConfig attention = config.attention(index);
   auto norm = [&] { return std::make_unique<RMSNorm>(config.hidden_size, config.rms_norm_eps); };
   input_layernorm_ = &register_module("input_layernorm", norm());
   self_attn_ = &register_module("self_attn", std::make_unique<Attention>(attention, init, name_ + ".self_attn"));

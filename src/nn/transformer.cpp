@@ -27,11 +27,21 @@ void TransformerConfig::validate() const {
                  resolved_head_dim());
   MICROLLM_CHECK(rms_norm_eps > 0, ValueError, "config", "rms_norm_eps must be > 0, got ", rms_norm_eps);
   MICROLLM_CHECK(rope.theta > 0, ValueError, "config", "rope_theta must be > 0, got ", rope.theta);
+  MICROLLM_CHECK(sliding_window >= 0, ValueError, "config", "sliding_window must be >= 0 (0: none), got ",
+                 sliding_window);
+  MICROLLM_CHECK(sliding_layers.empty() || static_cast<int64_t>(sliding_layers.size()) == num_layers, ValueError,
+                 "config", "the layer types list ", sliding_layers.size(), " layers, but num_hidden_layers is ",
+                 num_layers);
 }
 
-AttentionConfig TransformerConfig::attention() const {
-  return AttentionConfig{hidden_size, num_heads, num_kv_heads, resolved_head_dim(), attention_bias, qk_norm,
-                         rms_norm_eps, rope};
+int64_t TransformerConfig::window_of(int64_t layer) const {
+  if (sliding_window == 0 || sliding_window >= max_position_embeddings) return 0;  // never hides a key
+  return sliding_layers.empty() || sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+}
+
+AttentionConfig TransformerConfig::attention(int64_t layer) const {
+  return AttentionConfig{hidden_size, num_heads,    num_kv_heads, resolved_head_dim(), attention_bias,
+                         qk_norm,     rms_norm_eps, rope,         window_of(layer)};
 }
 
 int64_t TransformerConfig::num_parameters() const {

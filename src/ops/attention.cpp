@@ -38,6 +38,9 @@ Tensor check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tens
                  " heads, which is not a multiple of the ", k.size(1), " kv heads of k ", k.shape());
   MICROLLM_CHECK(std::isfinite(params.scale), ValueError, op, "scale must be finite, got ", params.scale);
   MICROLLM_CHECK(params.q_offset >= 0, ValueError, op, "q_offset must be >= 0, got ", params.q_offset);
+  MICROLLM_CHECK(params.window >= 0, ValueError, op, "window must be >= 0 (0: none), got ", params.window);
+  MICROLLM_CHECK(params.window == 0 || params.causal, ValueError, op,
+                 "a sliding window (window ", params.window, ") needs causal attention");
   // A causal query at position q_offset + i attends to itself, so its key must exist: more queries than
   // keys means the KV cache was not updated.
   MICROLLM_CHECK(!params.causal || params.q_offset + q.size(2) <= k.size(2), ValueError, op,
@@ -103,7 +106,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 }
 
 // The probabilities the fused kernels never materialize, by composition: f32 scores of each kv head's query group
-// as one matrix product, the causal rule and the mask as -inf, a softmax, and rows without a key set to 0.
+// as one matrix product, the causal rule, the window and the mask as -inf, a softmax, and rows without a key set to 0.
 Tensor attention_weights(const Tensor& q, const Tensor& k, const AttentionParams& params, const Tensor& mask) {
   const Tensor full_mask = check_inputs("attention_weights", q, k, k, params, mask);
   const int64_t batch = q.size(0), q_heads = q.size(1), tokens = q.size(2), head_dim = q.size(3);
@@ -120,6 +123,17 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const AttentionParams
                        DType::i64, q.device())
             .reshape({tokens, 1});
     scores = masked_fill(scores, gt(key_index, query_index).expand(scores.shape()), minus_infinity);
+    if (params.window > 0) {  // and when j <= q_offset + i - window: key + window < query + 1
+      const Tensor shifted_keys =
+          Tensor::arange(static_cast<double>(params.window), static_cast<double>(params.window + keys), 1, DType::i64,
+                         q.device())
+              .reshape({1, keys});
+      const Tensor next_query =
+          Tensor::arange(static_cast<double>(params.q_offset + 1), static_cast<double>(params.q_offset + tokens + 1),
+                         1, DType::i64, q.device())
+              .reshape({tokens, 1});
+      scores = masked_fill(scores, lt(shifted_keys, next_query).expand(scores.shape()), minus_infinity);
+    }
   }
   if (full_mask.defined()) {
     scores = masked_fill(scores, eq(full_mask, Tensor::scalar(0, DType::u8, q.device())), minus_infinity);

@@ -43,7 +43,7 @@ void check_index(const char* op, const Tensor& t, const char* name, int rank, co
 // Checks every argument of paged_attention; returns max_context resolved (0 -> the block table's capacity).
 int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                        int64_t max_context) {
+                        int64_t max_context, int64_t window) {
   check_pools(op, k_pool, v_pool);
   checks::floating(op, q, "q");
   checks::same_dtype(op, k_pool, "k_pool", q, "q");
@@ -64,6 +64,7 @@ int64_t check_attention(const char* op, const Tensor& q, const Tensor& k_pool, c
   MICROLLM_CHECK(positions.size(0) == q.size(0), ShapeError, op, "positions shape ", positions.shape(),
                  " does not match the ", q.size(0), " query tokens of q ", q.shape());
   MICROLLM_CHECK(std::isfinite(scale), ValueError, op, "scale must be finite, got ", scale);
+  MICROLLM_CHECK(window >= 0, ValueError, op, "window must be >= 0 (0: none), got ", window);
   const int64_t capacity = block_tables.size(1) * k_pool.size(1);
   MICROLLM_CHECK(max_context >= 0 && max_context <= capacity, ValueError, op, "max_context must lie in [0, ", capacity,
                  "] (max_blocks ", block_tables.size(1), " * block_size ", k_pool.size(1), "), got ", max_context);
@@ -124,46 +125,50 @@ void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
 }
 
 Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
-                       const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context) {
+                       const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
+                       int64_t window) {
   const char* op = "paged_attention";
-  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());  // [N, Hq, D]
   if (out.numel() == 0) return out;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
+  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out, window);
   return out;
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                      const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                     const Tensor& out) {
+                     const Tensor& out, int64_t window) {
   const char* op = "paged_attention";
-  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
   check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out);
+  backend_for(q.device()).paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, s, context, out, window);
 }
 
 void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                            const Tensor& out) {
+                            const Tensor& out, int64_t window) {
   const char* op = "paged_decode_attention";
-  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
   check_new_kv(op, q, k, v, k_pool, rope, slots);
   check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   fusions_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
-                                                 positions, s, context, out);
+                                                 positions, s, context, out, window);
 }
 
 void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                      const Tensor& out) {
+                                      const Tensor& out, int64_t window) {
   const char* op = "paged_decode_attention_projected";
   checks::defined(op, q, "q");
   checks::rank(op, q, "q", 3);
@@ -186,13 +191,15 @@ void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Te
     MICROLLM_CHECK(addend.shape() == out.shape(), ShapeError, op, "addend shape ", addend.shape(),
                    " does not match out ", out.shape());
   }
-  const int64_t context = check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context);
+  const int64_t context =
+      check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
   check_new_kv(op, q, k, v, k_pool, rope, slots);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   fusions_for(q.device())
       .paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, s,
-                                        context, o_weight, addend.defined() ? addend.contiguous() : Tensor(), out);
+                                        context, o_weight, addend.defined() ? addend.contiguous() : Tensor(), out,
+                                        window);
 }
 
 std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -57,12 +57,48 @@ void expect_refused(const std::string& json, const std::string& field) {
   }
 }
 
+// Sliding windows as transformers reads them: Mistral's on every layer, Qwen's from max_window_layers on, layer_types
+// where given; a window as long as the context hides nothing. Written configs read back to the same windows.
+TEST(ModelConfig, SlidingWindowsReadAsTransformersReadsThem) {
+  const std::string context = R"(, "max_position_embeddings": 32768)";
+  const nn::TransformerConfig mistral = read_config(config_with("mistral", context + R"(, "sliding_window": 4096)"));
+  EXPECT_EQ(mistral.window_of(0), 4096);
+  EXPECT_EQ(mistral.window_of(1), 4096);
+  EXPECT_EQ(read_config(config_with("mistral", context + R"(, "sliding_window": 32768)")).window_of(0), 0);
+  EXPECT_EQ(read_config(config_with("mistral", context)).window_of(0), 0);
+
+  const nn::TransformerConfig qwen = read_config(
+      config_with("qwen2", context + R"(, "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 1)"));
+  EXPECT_EQ(qwen.window_of(0), 0);
+  EXPECT_EQ(qwen.window_of(1), 64);
+  EXPECT_EQ(read_config(config_with("qwen3", context + R"(, "use_sliding_window": true, "sliding_window": 64)"))
+                .window_of(1),
+            0);  // max_window_layers defaults to 28: both layers full
+
+  const nn::TransformerConfig typed = read_config(config_with(
+      "mistral", context + R"(, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"])"));
+  EXPECT_EQ(typed.window_of(0), 0);
+  EXPECT_EQ(typed.window_of(1), 8);
+
+  for (const nn::TransformerConfig& c : {mistral, qwen, typed}) {
+    const nn::TransformerConfig back = read_config(write_config(c));
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) EXPECT_EQ(back.window_of(layer), c.window_of(layer));
+  }
+  nn::TransformerConfig llama = read_config(config_with("llama", context));
+  llama.sliding_window = 16;  // a llama config.json has no field for it
+  EXPECT_THROW(write_config(llama), NotSupportedError);
+}
+
 TEST(ModelConfig, RefusesWhatItCannotRunNamingTheField) {
   expect_refused(config_with("gpt2", ""), "model_type");
-  expect_refused(config_with("mistral", R"(, "sliding_window": 4096, "max_position_embeddings": 32768)"),
-                 "sliding_window");
   EXPECT_NO_THROW(read_config(config_with("mistral", R"(, "sliding_window": null)")));
-  expect_refused(config_with("qwen2", R"(, "use_sliding_window": true)"), "use_sliding_window");
+  expect_refused(config_with("qwen2", R"(, "use_sliding_window": true)"), "sliding_window");
+  expect_refused(config_with("mistral", R"(, "sliding_window": 0)"), "sliding_window");
+  expect_refused(config_with("mistral", R"(, "sliding_window": 8, "layer_types": ["sliding_attention"])"),
+                 "layer_types");
+  expect_refused(
+      config_with("mistral", R"(, "sliding_window": 8, "layer_types": ["chunked_attention", "full_attention"])"),
+      "chunked_attention");
   EXPECT_NO_THROW(read_config(config_with("qwen2", R"(, "use_sliding_window": false, "sliding_window": 4096)")));
   expect_refused(config_with("qwen2", R"(, "num_experts": 8)"), "num_experts");
   expect_refused(config_with("llama", R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"), "rope_type");

@@ -1,6 +1,6 @@
 // Attention: contract errors; values and gradients against a direct f64 computation (full score matrices,
 // the softmax Jacobian written out) on fresh random inputs: odd sizes, GQA, [B, T, H, D] buffers viewed as
-// [B, H, T, D], causal with a KV-cache offset, masks with a fully masked row, every dtype; f64 finite
+// [B, H, T, D], causal with a KV-cache offset, sliding windows, masks with a fully masked row, every dtype; f64 finite
 // differences for q, k and v; and the identities GQA == MHA with repeated kv heads, cached == full.
 #include "microllm/ops/attention.h"
 
@@ -55,7 +55,7 @@ Reference reference_attention(const Sizes& z, const std::vector<double>& q, cons
         std::vector<double> s(size_t(z.S), -INFINITY);
         double max = -INFINITY;
         for (int64_t j = 0; j < z.S; ++j) {
-          const bool visible = (!p.causal || j <= p.q_offset + i) &&
+          const bool visible = (!p.causal || j <= p.q_offset + i) && (p.window == 0 || j > p.q_offset + i - p.window) &&
                                (mask.empty() || mask[size_t(((b * z.Hq + h) * z.T + i) * z.S + j)] != 0);
           if (!visible) continue;
           double dot = 0;
@@ -128,6 +128,8 @@ const Case kCases[] = {
     {"causal kv-cache + mask", {true, 0, 2}, true},
     {"non-causal + mask, scale 0.3", {false, 0.3, 0}, true},
     {"non-causal", {false, 0, 0}, false},
+    {"sliding window 3 (q_offset 2)", {true, 0, 2, 3}, false},
+    {"sliding window 2 + mask", {true, 0, 2, 2}, true},
 };
 
 TEST_P(AttentionTest, ForwardAndBackwardMatchReferenceOnEveryDtypeAndLayout) {
@@ -273,6 +275,39 @@ TEST_P(AttentionTest, ThreadedRunEqualsSingleThreadedRun) {
   for (size_t n = 0; n < one.size(); ++n) EXPECT_EQ(one[n], many[n]) << "output " << n;
 }
 
+// attention_weights under a sliding window: zero outside each row's window, and P V is attention's output.
+TEST_P(AttentionTest, SlidingWindowWeightsAreZeroOutsideTheWindowAndGiveTheOutput) {
+  const Sizes z{1, 4, 2, 6, 9, 8};
+  const AttentionParams params{true, 0, 3, 4};  // queries at positions 3..8, 4 keys each
+  const Tensor q = heads(z.B, z.Hq, z.T, z.D, DType::f32, device(), false);
+  const Tensor k = heads(z.B, z.Hkv, z.S, z.D, DType::f32, device(), false);
+  const Tensor v = heads(z.B, z.Hkv, z.S, z.D, DType::f32, device(), false);
+  const std::vector<double> w = host_values(attention_weights(q, k, params));
+  const std::vector<double> out = host_values(attention(q, k, v, params).out);
+  const std::vector<double> vs = host_values(v);
+  for (int64_t h = 0; h < z.Hq; ++h) {
+    for (int64_t i = 0; i < z.T; ++i) {
+      const int64_t pos = params.q_offset + i;
+      double sum = 0;
+      for (int64_t j = 0; j < z.S; ++j) {
+        const double p = w[size_t((h * z.T + i) * z.S + j)];
+        if (j > pos || j <= pos - params.window) {
+          EXPECT_EQ(p, 0) << "head " << h << " row " << i << " key " << j;
+        }
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1, 1e-5);
+      for (int64_t d = 0; d < z.D; ++d) {
+        double pv = 0;
+        for (int64_t j = 0; j < z.S; ++j) {
+          pv += w[size_t((h * z.T + i) * z.S + j)] * vs[size_t(((h / 2) * z.S + j) * z.D + d)];
+        }
+        EXPECT_NEAR(out[size_t((h * z.T + i) * z.D + d)], pv, 1e-5) << "head " << h << " row " << i << " dim " << d;
+      }
+    }
+  }
+}
+
 TEST_P(AttentionTest, ContractErrorsNameTheOp) {
   auto t = [&](Shape shape, DType dtype = DType::f32) { return random_tensor(shape, dtype, device()); };
   const Tensor q = t({2, 4, 3, 8}), k = t({2, 2, 5, 8}), v = t({2, 2, 5, 8});
@@ -290,6 +325,8 @@ TEST_P(AttentionTest, ContractErrorsNameTheOp) {
   EXPECT_THROW(attention(q, k, v, {true, 0, -1}), ValueError);
   EXPECT_THROW(attention(q, k, v, {true, 0, 3}), ValueError);  // q_offset + T = 6 > S = 5
   EXPECT_NO_THROW(attention(q, k, v, {false, 0, 3}));          // without causal the offset is unused
+  EXPECT_THROW(attention(q, k, v, {true, 0, 0, -1}), ValueError);   // a negative window
+  EXPECT_THROW(attention(q, k, v, {false, 0, 0, 2}), ValueError);   // a window without causal
   EXPECT_NO_THROW(attention(q, k, v, {true, 0, 2}, Tensor::ones({2, 1, 3, 1}, DType::u8, device())));
   const AttentionResult fwd = attention(q, k, v, p);
   EXPECT_THROW(attention_backward(q, k, v, fwd, t({2, 4, 3, 7}), p), ShapeError);

@@ -109,9 +109,10 @@ Cache make_cache(std::vector<int64_t> lengths, int64_t block_size, int64_t kv_he
 int64_t rows(const Cache& c) { return static_cast<int64_t>(c.seq.size()); }
 
 // The expected output of every query row: attention() over the sequence's contiguous keys, causal with
-// q_offset = the row's position (one row at a time), or zeros for padding. k_seq[s], v_seq[s] [L, Hkv, D].
+// q_offset = the row's position (one row at a time) and the sliding window, or zeros for padding. k_seq[s], v_seq[s]
+// [L, Hkv, D].
 std::vector<double> expected_output(const Cache& c, const Tensor& q, const std::vector<Tensor>& k_seq,
-                                    const std::vector<Tensor>& v_seq, double scale) {
+                                    const std::vector<Tensor>& v_seq, double scale, int64_t window = 0) {
   std::vector<double> out;
   for (int64_t n = 0; n < rows(c); ++n) {
     if (c.pos[n] < 0) {
@@ -124,6 +125,7 @@ std::vector<double> expected_output(const Cache& c, const Tensor& q, const std::
     AttentionParams p;
     p.scale = scale;
     p.q_offset = c.pos[n];
+    p.window = window;
     const std::vector<double> row = host_values(attention(qn, k, v, p).out);
     out.insert(out.end(), row.begin(), row.end());
   }
@@ -134,8 +136,8 @@ class PagedAttentionTest : public testing::DeviceTest {
  protected:
   // Writes random keys/values of every sequence through paged_kv_write (k, v as [L, Hkv, D] views of a
   // [1, L, Hkv, D] buffer), then checks paged_attention on NaN-filled outputs against attention().
-  void check(Cache c, DType dtype, double scale, const char* what) {
-    SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype));
+  void check(Cache c, DType dtype, double scale, const char* what, int64_t window = 0) {
+    SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype) + " window " + std::to_string(window));
     const Device cpu = Device::cpu();
     const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
     const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device());
@@ -152,9 +154,9 @@ class PagedAttentionTest : public testing::DeviceTest {
       v_seq.push_back(v.to(cpu).to(dtype));
     }
     const Tensor q = testing::non_contiguous(random_tensor({rows(c), c.q_heads, c.dim}, dtype, device(), -2, 2));
-    const std::vector<double> want = expected_output(c, q.to(cpu), k_seq, v_seq, scale);
+    const std::vector<double> want = expected_output(c, q.to(cpu), k_seq, v_seq, scale, window);
 
-    const Tensor got = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, scale);
+    const Tensor got = paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, scale, 0, window);
     ASSERT_EQ(got.shape(), q.shape());
     ASSERT_EQ(got.dtype(), dtype);
     MICROLLM_EXPECT_CLOSE(got, want, tolerance(dtype));
@@ -163,7 +165,7 @@ class PagedAttentionTest : public testing::DeviceTest {
     const Tensor out = Tensor::full(q.shape(), NAN, dtype, device());
     const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
     paged_attention(q, k_pool, v_pool, c.block_tables, c.seq_ids, c.positions, scale,
-                    std::min(longest + 37, c.max_blocks * c.block_size), out);
+                    std::min(longest + 37, c.max_blocks * c.block_size), out, window);
     const std::vector<double> values = host_values(out);
     for (size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(std::isfinite(values[i])) << "element " << i;
     MICROLLM_EXPECT_CLOSE(out, want, tolerance(dtype));
@@ -182,6 +184,11 @@ TEST_P(PagedAttentionTest, ChunksAndDecodeMatchContiguousAttention) {
     check(make_cache({70, 1, 33}, 16, 2, 12, 128, 1, false, device()), dtype, 0, "decode d128 group 6");
     check(make_cache({9, 40}, 8, 1, 3, 128, 7, true, device()), dtype, 0, "chunks d128 MQA");
     check(make_cache({13, 26, 3}, 4, 3, 3, 24, 3, true, device()), dtype, 0, "chunks d24 MHA");
+    // Sliding windows: one key, a window ending mid-block, one longer than some sequences.
+    for (int64_t window : {1, 7, 40}) {
+      check(make_cache({37, 20, 5, 64}, 5, 2, 6, 64, 4, true, device()), dtype, 0, "chunks d64", window);
+      check(make_cache({70, 1, 33}, 16, 2, 12, 128, 1, false, device()), dtype, 0, "decode d128 group 6", window);
+    }
   }
 }
 
@@ -370,8 +377,8 @@ DecodeStep make_step(const Cache& c, DType dtype, Device device) {
 // paged_attention on copies of the same pools. The same device's kernels see the same numbers, so both the
 // output and the pools must be identical, bit for bit.
 void check_decode_equals_composition(const Cache& c, DType dtype, const RopeParams& rope, int64_t max_context,
-                                     Device device, const char* what) {
-  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype));
+                                     Device device, const char* what, int64_t window = 0) {
+  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype) + " window " + std::to_string(window));
   const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
   const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
   const Tensor k_ref = k_pool.clone(), v_ref = v_pool.clone();
@@ -380,11 +387,12 @@ void check_decode_equals_composition(const Cache& c, DType dtype, const RopePara
   const Tensor q_rot = microllm::rope(s.q.unsqueeze(1), pos, rope).select(1, 0);
   const Tensor k_rot = microllm::rope(s.k.unsqueeze(1), pos, rope).select(1, 0);
   paged_kv_write(k_ref, v_ref, k_rot, s.v, s.slots);
-  const Tensor want = paged_attention(q_rot, k_ref, v_ref, c.block_tables, c.seq_ids, c.positions, 0, max_context);
+  const Tensor want =
+      paged_attention(q_rot, k_ref, v_ref, c.block_tables, c.seq_ids, c.positions, 0, max_context, window);
 
   const Tensor out = Tensor::full(s.q.shape(), NAN, dtype, device);
   paged_decode_attention(s.q, s.k, s.v, rope, k_pool, v_pool, s.slots, c.block_tables, c.seq_ids, c.positions, 0,
-                         max_context, out);
+                         max_context, out, window);
   EXPECT_EQ(host_values(out), host_values(want));
   EXPECT_EQ(host_values(k_pool), host_values(k_ref));
   EXPECT_EQ(host_values(v_pool), host_values(v_ref));
@@ -407,6 +415,8 @@ TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
                                     "group 16");
     // A head dim the fast kernel does not take (CUDA runs the separate ops).
     check_decode_equals_composition(make_cache({50, 3}, 4, 3, 6, 40, 1, true, d), dtype, qwen_rope(), 0, d, "d40");
+    // A sliding window (CUDA: the separate ops, its paged_attention on the simple kernel).
+    check_decode_equals_composition(short_qwen, dtype, qwen_rope(), 256, d, "qwen, window 48", 48);
   }
   // A slot that is not the position's: an IndexError (on CUDA at the next synchronization).
   const Cache c = make_cache({40, 7}, 16, 2, 14, 64, 1, false, d);

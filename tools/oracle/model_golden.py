@@ -16,6 +16,8 @@ biases N(0, 0.1^2), so nothing keeps its trivial initial value), eager attention
                                     head's frequencies fall in all three bands), untied head
   llama_linear  LlamaForCausalLM    rope_type linear (factor 4), tied embeddings
   mistral       MistralForCausalLM  sliding_window null, untied head
+  mistral_window  MistralForCausalLM  sliding_window 5 on every layer (shorter than the 17 tokens), untied head
+  qwen2_window  Qwen2ForCausalLM    use_sliding_window, sliding_window 6, max_window_layers 1 (layer 1 slides)
 
 Outputs (tests/fixtures/models/<name>/, each well under 1 MB):
   config.json, model.safetensors (+ generation_config.json)  as save_pretrained writes them
@@ -77,6 +79,13 @@ CASES = {
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(COMMON, tie_word_embeddings=False, sliding_window=None),
                 dict(rope_type="default", rope_theta=1000000.0), 5005),
+    "mistral_window": ("MistralConfig", "MistralForCausalLM",
+                       dict(COMMON, tie_word_embeddings=False, sliding_window=5),
+                       dict(rope_type="default", rope_theta=10000.0), 5006),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM",
+                     dict(COMMON, tie_word_embeddings=True, use_sliding_window=True, sliding_window=6,
+                          max_window_layers=1),
+                     dict(rope_type="default", rope_theta=10000.0), 5007),
 }
 
 

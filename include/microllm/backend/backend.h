@@ -120,7 +120,7 @@ class Backend {
   // out [N, Hq, D] contiguous, q's dtype.
   virtual void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                               double scale, int64_t max_context, const Tensor& out) = 0;
+                               double scale, int64_t max_context, const Tensor& out, int64_t window) = 0;
   // paged_decode_advance (ops/paged_attention.h); ids, outbox and counter all undefined: no hand-over.
   virtual void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,
                                     const Tensor& ids, const Tensor& outbox, const Tensor& counter) = 0;

@@ -42,14 +42,14 @@ class Fusions {
   virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                      double scale, int64_t max_context, const Tensor& out);
+                                      double scale, int64_t max_context, const Tensor& out, int64_t window);
   // paged_decode_attention_projected: paged_decode_attention into a [N, Hq, D] temporary, then out [N, hidden] =
   // addend + temporary @ o_weight^T (matmul with the addend; addend may be undefined).
   virtual void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
                                                 const Tensor& slots, const Tensor& block_tables, const Tensor& seq_ids,
                                                 const Tensor& positions, double scale, int64_t max_context,
-                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out);
+                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out, int64_t window);
   // paged_rope_kv_write: q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]), then k_out and v written at
   // slots [B * T]; positions [B, T].
   virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,

@@ -63,6 +63,11 @@ struct AttentionParams {
   bool causal = true;
   double scale = 0;       // 0 means 1 / sqrt(head_dim)
   int64_t q_offset = 0;   // absolute position of query row 0 (keys 0..S-1): q_offset = S - T with a KV cache
+  // Sliding window (causal only): the query at position p sees keys p - window + 1 .. p, `window` keys with
+  // itself, as transformers' sliding_window; 0: every earlier key.
+  int64_t window = 0;
+  // The first key query row i may see.
+  int64_t key_begin(int64_t i) const { return window > 0 && q_offset + i >= window ? q_offset + i - window + 1 : 0; }
 };
 
 }  // namespace microllm

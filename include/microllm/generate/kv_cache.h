@@ -62,6 +62,7 @@ class ContiguousKvCache : public AttentionCache {
 
  private:
   std::vector<Tensor> keys_, values_;
+  std::vector<int64_t> windows_;  // each layer's sliding window (0: none)
   int64_t length_ = 0, capacity_;
   Tensor positions_, key_mask_;
 };
@@ -75,6 +76,8 @@ class PagedKvCache {
   // [num_blocks, block_size, Hkv, D]
   const Tensor& keys(int layer) const { return keys_.at(static_cast<size_t>(layer)); }
   const Tensor& values(int layer) const { return values_.at(static_cast<size_t>(layer)); }
+  // The layer's sliding window (0: every earlier key), the config's.
+  int64_t window(int layer) const { return windows_.at(static_cast<size_t>(layer)); }
   size_t bytes() const;
   // The bytes one block holds over all layers (keys and values).
   static size_t block_bytes(const nn::TransformerConfig& config, int64_t block_size, DType dtype);
@@ -82,6 +85,7 @@ class PagedKvCache {
  private:
   int64_t num_blocks_, block_size_;
   std::vector<Tensor> keys_, values_;
+  std::vector<int64_t> windows_;
 };
 
 // One decode step over a paged cache. Every tensor is i32 on the cache's device, read there (a CUDA graph replays

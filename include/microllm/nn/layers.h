@@ -117,6 +117,7 @@ struct AttentionConfig {
   bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on q and k before RoPE
   double rms_norm_eps = 1e-6;
   RopeParams rope;
+  int64_t window = 0;  // sliding window: each query sees its `window` latest keys; 0: every earlier key
 };
 
 class Attention : public Module {

@@ -34,9 +34,15 @@ struct TransformerConfig {
   bool attention_bias = false;  // biases on q, k and v (Qwen2)
   bool qk_norm = false;         // RMSNorm over each head of q and k before the rotary embedding (Qwen3)
   MlpActivation mlp_activation = MlpActivation::silu;
+  // Sliding-window attention (Mistral, Qwen2's use_sliding_window): a query sees its sliding_window latest keys,
+  // itself included, in the layers marked in sliding_layers (empty: every layer); 0: no window.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
-  AttentionConfig attention() const;
+  // Layer `layer`'s window (0: full attention).
+  int64_t window_of(int64_t layer) const;
+  AttentionConfig attention(int64_t layer = 0) const;
   // The number of weights a TransformerLM of this config holds (tied embeddings counted once).
   int64_t num_parameters() const;
   // Throws ValueError naming the field when the numbers cannot make a model.

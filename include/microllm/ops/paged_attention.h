@@ -34,29 +34,31 @@ void paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, const Tensor& k,
 // scale 0 = 1 / sqrt(D). max_context: an upper bound on positions + 1 that the host knows (0 = max_blocks
 // * block_size); the CUDA kernel sizes its grid from it, so a graph captured with a generous bound stays
 // valid as the sequences grow (splits past a sequence's length exit at once). A position + 1 past it is
-// an error. Returns out [N, Hq, D] in q's dtype (f32 accumulation).
+// an error. window > 0: a sliding window, query n attends to keys positions[n] - window + 1 .. positions[n] only
+// (`window` keys with its own; 0: every earlier key). Returns out [N, Hq, D] in q's dtype (f32 accumulation).
 Tensor paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
-                       const Tensor& seq_ids, const Tensor& positions, double scale = 0, int64_t max_context = 0);
+                       const Tensor& seq_ids, const Tensor& positions, double scale = 0, int64_t max_context = 0,
+                       int64_t window = 0);
 
 // The same into a given contiguous `out` [N, Hq, D] of q's dtype and device (a static buffer for CUDA
 // graphs). `out` must not overlap q or the pools.
 void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                      const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                     const Tensor& out);
+                     const Tensor& out, int64_t window = 0);
 
 // One decode step's attention in one call: what rope(q), rope(k), paged_kv_write and paged_attention do in
 // turn, for N tokens of N different sequences (one new token each). q [N, Hq, D], k and v [N, Hkv, D] are the
 // projections before the rotary embedding (any strides, the pools' dtype, e.g. views of a fused QKV output);
 // token n's q and k turn by `rope` at positions[n], its k and v go to slots[n], which must be the slot that
 // block_tables gives position positions[n] of sequence seq_ids[n], and its q attends to keys
-// 0..positions[n]. positions[n] < 0 marks a padding row: nothing written, output 0. scale, max_context and
-// out as for paged_attention. The CUDA kernel does all of it in one launch (two past 256 keys or so): each
+// 0..positions[n]. positions[n] < 0 marks a padding row: nothing written, output 0. scale, max_context, out and
+// window as for paged_attention. The CUDA kernel does all of it in one launch (two past 256 keys or so): each
 // token's new key and value reach the attention from registers, not back from the pool. The CPU reference
 // is the composition of the four ops, and checks the slot and distinct-sequence contract (IndexError).
 void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                            const Tensor& out);
+                            const Tensor& out, int64_t window = 0);
 
 // paged_decode_attention followed by the attention's output projection, in one call: out [N, hidden] =
 // addend + attention [N, Hq * D] @ o_weight^T, where attention is paged_decode_attention's output (rounded to
@@ -71,7 +73,7 @@ void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                      const Tensor& out);
+                                      const Tensor& out, int64_t window = 0);
 
 // A prefill chunk's rotary embedding and cache write in one call: what rope(q), rope(k) and paged_kv_write do
 // in turn. q [B, T, Hq, D], k and v [B, T, Hkv, D] are the projections before the rotary embedding (any strides,

@@ -50,6 +50,7 @@ struct Layout {
   double scale;
   bool causal;
   int64_t q_offset;
+  AttentionParams visibility;  // the causal rule, q_offset and window
   const uint8_t* mask;  // [B, Hq, T, S] view, or null
   int64_t m0, m1, m2, m3;
 
@@ -64,16 +65,17 @@ struct Layout {
         scale(params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)))),
         causal(params.causal),
         q_offset(params.q_offset),
+        visibility(params),
         mask(mask_view.defined() ? static_cast<const uint8_t*>(mask_view.data_ptr()) : nullptr),
         m0(mask ? mask_view.stride(0) : 0),
         m1(mask ? mask_view.stride(1) : 0),
         m2(mask ? mask_view.stride(2) : 0),
         m3(mask ? mask_view.stride(3) : 0) {}
 
-  // Keys 0..end-1 pass the causal rule for query i (position q_offset + i).
+  // Keys key_begin(i)..end-1 pass the causal rule and the window for query i (position q_offset + i).
   int64_t key_end(int64_t i) const { return causal ? std::min(kv_len, q_offset + i + 1) : kv_len; }
   bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (j >= key_end(i)) return false;
+    if (j >= key_end(i) || j < visibility.key_begin(i)) return false;
     return mask == nullptr || mask[b * m0 + h * m1 + i * m2 + j * m3] != 0;
   }
   // Chunk size for parallel_for when one item costs about `work` multiply-adds.

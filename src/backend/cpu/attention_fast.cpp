@@ -23,6 +23,7 @@ struct FastLayout {
   float scale;
   bool causal;
   int64_t q_offset;
+  AttentionParams visibility;  // the causal rule, q_offset and window
 
   FastLayout(const Tensor& q, const Tensor& k, const AttentionParams& params)
       : batch(q.size(0)),
@@ -34,9 +35,11 @@ struct FastLayout {
         group(q.size(1) / std::max<int64_t>(k.size(1), 1)),
         scale(static_cast<float>(params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))))),
         causal(params.causal),
-        q_offset(params.q_offset) {}
-  // Query i sees keys [0, key_end(i)).
+        q_offset(params.q_offset),
+        visibility(params) {}
+  // Query i sees keys [key_begin(i), key_end(i)).
   int64_t key_end(int64_t i) const { return causal ? std::clamp<int64_t>(q_offset + i + 1, 0, kv_len) : kv_len; }
+  int64_t key_begin(int64_t i) const { return std::min(visibility.key_begin(i), key_end(i)); }
 };
 
 // Row (a, b, c) of a rank-4 f32 tensor whose last dim is unit-stride.
@@ -56,14 +59,14 @@ void pack_transposed(const RowsF& x, int64_t b, int64_t h, int64_t S, int64_t D,
   }
 }
 
-// s[j] = sum_d (scale q[d]) kt[d][j] for j < end.
-void score_row(const float* __restrict q, const float* __restrict kt, int64_t S, int64_t D, int64_t end, float scale,
-               float* __restrict s) {
-  std::fill(s, s + end, 0.0f);
+// s[j] = sum_d (scale q[d]) kt[d][j] for begin <= j < end.
+void score_row(const float* __restrict q, const float* __restrict kt, int64_t S, int64_t D, int64_t begin, int64_t end,
+               float scale, float* __restrict s) {
+  std::fill(s + begin, s + end, 0.0f);
   for (int64_t d = 0; d < D; ++d) {
     const float qd = scale * q[d];
     const float* __restrict ktd = kt + d * S;
-    for (int64_t j = 0; j < end; ++j) s[j] += qd * ktd[j];
+    for (int64_t j = begin; j < end; ++j) s[j] += qd * ktd[j];
   }
 }
 
@@ -95,18 +98,18 @@ void attention_fast(const Tensor& q, const Tensor& k, const Tensor& v, const Att
       const int64_t b = task / L.q_heads, h = task % L.q_heads, hk = h / L.group;
       pack_transposed(ks, b, hk, S, D, kt.data());
       for (int64_t i = 0; i < L.q_len; ++i) {
-        const int64_t r = task * L.q_len + i, end = L.key_end(i);
+        const int64_t r = task * L.q_len + i, begin = L.key_begin(i), end = L.key_end(i);
         float* out_row = o + r * D;
-        if (end == 0) {  // sees no key: output 0, lse -inf (as the reference)
+        if (end == begin) {  // sees no key: output 0, lse -inf (as the reference)
           std::fill(out_row, out_row + D, 0.0f);
           lse_out[r] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        score_row(qs.row(b, h, i), kt.data(), S, D, end, L.scale, scores.data());
-        const float max = *std::max_element(scores.begin(), scores.begin() + end);
+        score_row(qs.row(b, h, i), kt.data(), S, D, begin, end, L.scale, scores.data());
+        const float max = *std::max_element(scores.begin() + begin, scores.begin() + end);
         float sum = 0;
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           const float p = std::exp(scores[static_cast<size_t>(j)] - max);
           sum += p;
           axpy(p, vs.row(b, hk, j), acc.data(), D);
@@ -143,24 +146,24 @@ void attention_backward_fast(const Tensor& q, const Tensor& k, const Tensor& v, 
       std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
       for (int64_t h = hk * L.group; h < (hk + 1) * L.group; ++h) {
         for (int64_t i = 0; i < L.q_len; ++i) {
-          const int64_t r = (b * L.q_heads + h) * L.q_len + i, end = L.key_end(i);
+          const int64_t r = (b * L.q_heads + h) * L.q_len + i, begin = L.key_begin(i), end = L.key_end(i);
           float* dq_row = dq + r * D;
           const float lse_i = lse_in[r];
-          if (end == 0 || lse_i == neg_inf) {
+          if (end == begin || lse_i == neg_inf) {
             std::fill(dq_row, dq_row + D, 0.0f);
             continue;
           }
           const float* qi = qs.row(b, h, i);
           const float* doi = dos.row(b, h, i);
           // P_ij = exp(scale q_i.k_j - lse_i); dP_ij = dO_i . v_j; delta_i = sum_j P_ij dP_ij.
-          score_row(qi, kt.data(), S, D, end, L.scale, p.data());
-          for (int64_t j = 0; j < end; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse_i);
-          score_row(doi, vt.data(), S, D, end, 1.0f, dp.data());
+          score_row(qi, kt.data(), S, D, begin, end, L.scale, p.data());
+          for (int64_t j = begin; j < end; ++j) p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - lse_i);
+          score_row(doi, vt.data(), S, D, begin, end, 1.0f, dp.data());
           float delta = 0;
-          for (int64_t j = 0; j < end; ++j) delta += p[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
+          for (int64_t j = begin; j < end; ++j) delta += p[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
           // dS_ij = P_ij (dP_ij - delta_i); dQ_i = scale sum_j dS_ij k_j; dK_j += dS_ij q_i; dV_j += P_ij dO_i.
           std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int64_t j = 0; j < end; ++j) {
+          for (int64_t j = begin; j < end; ++j) {
             const float pj = p[static_cast<size_t>(j)];
             const float ds = pj * (dp[static_cast<size_t>(j)] - delta);
             axpy(ds, ks.row(b, hk, j), acc.data(), D);

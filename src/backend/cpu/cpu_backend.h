@@ -51,7 +51,7 @@ class CpuBackend final : public Backend {
                       const Tensor& slots) override;
   void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                        const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                       const Tensor& out) override;
+                       const Tensor& out, int64_t window) override;
 
   void paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size, const Tensor& ids,
                             const Tensor& outbox, const Tensor& counter) override;
@@ -81,7 +81,7 @@ class CpuFusions final : public Fusions {
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out) override;
+                              int64_t max_context, const Tensor& out, int64_t window) override;
 };
 
 }  // namespace microllm

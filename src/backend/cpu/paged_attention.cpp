@@ -85,7 +85,7 @@ void CpuBackend::paged_kv_write(const Tensor& k_pool, const Tensor& v_pool, cons
 
 void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                  const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                 double scale, int64_t max_context, const Tensor& out) {
+                                 double scale, int64_t max_context, const Tensor& out, int64_t window) {
   const char* op = "paged_attention";
   const int64_t n_tokens = q.size(0), q_heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_pool.size(2), group = q_heads / kv_heads;
@@ -119,7 +119,9 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
           for (int64_t d = 0; d < dim; ++d) cpu::store(out_row + d, A(0));
           continue;
         }
-        const int64_t seq = at(seq_ids, n), keys = pos + 1;
+        // Keys first..pos: the sliding window's latest `window` (itself included), or all of them.
+        const int64_t seq = at(seq_ids, n), first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const int64_t keys = pos + 1 - first;
         const T* qr = qs + n * q.stride(0) + h * q.stride(1);
         auto key_row = [&](const Pool<T>& pool, int64_t j) {
           return pool.row(at(block_tables, seq, j / block_size), j % block_size, hk);
@@ -127,7 +129,7 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
         scores.resize(static_cast<size_t>(keys));
         A max = -std::numeric_limits<A>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
-          const T* kr = key_row(kp, j);
+          const T* kr = key_row(kp, first + j);
           A dot = 0;
           for (int64_t d = 0; d < dim; ++d) dot += A(cpu::load(qr + d * q.stride(2))) * A(cpu::load(kr + d * kp.step));
           scores[j] = s * dot;
@@ -138,7 +140,7 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
         for (int64_t j = 0; j < keys; ++j) {
           const A p = std::exp(scores[j] - max);
           sum += p;
-          const T* vr = key_row(vp, j);
+          const T* vr = key_row(vp, first + j);
           for (int64_t d = 0; d < dim; ++d) acc[d] += p * A(cpu::load(vr + d * vp.step));
         }
         for (int64_t d = 0; d < dim; ++d) cpu::store(out_row + d, acc[d] / sum);
@@ -153,7 +155,7 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
 void CpuFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                        double scale, int64_t max_context, const Tensor& out) {
+                                        double scale, int64_t max_context, const Tensor& out, int64_t window) {
   const char* op = "paged_decode_attention";
   const int64_t block_size = k_pool.size(1), num_blocks = k_pool.size(0), n_seqs = block_tables.size(0);
   std::vector<bool> seen(static_cast<size_t>(n_seqs), false);
@@ -178,7 +180,7 @@ void CpuFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const 
                    " of sequence ", seq, ", which block_tables puts at ", expected);
   }
   Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                  max_context, out);
+                                  max_context, out, window);
 }
 
 void CpuBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,

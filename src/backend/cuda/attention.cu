@@ -35,6 +35,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& pa
   p.scale = params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   p.causal = params.causal;
   p.q_offset = params.q_offset;
+  p.window = params.window;
   return p;
 }
 
@@ -82,7 +83,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                              std::to_string(k.size(2)),
                          choice);
   };
-  if (!at::force_reference()) {
+  if (!at::force_reference() && p.window == 0) {  // a sliding window: the reference kernel only, for now
     if (at::decode_supported(p, q.dtype())) {
       record("decode kernel (a query row a CTA)");
       return at::write_into(out, false, [&](const Tensor& o) {
@@ -110,7 +111,7 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   Launch launch(grad_k.numel() > 0 ? grad_k : grad_q);
   namespace at = cuda_kernels::attention;
   const at::Problem p = at::make_problem(q, k, params);
-  if (!at::force_reference() && at::flash_supported(p, q.dtype(), mask.defined())) {
+  if (!at::force_reference() && p.window == 0 && at::flash_supported(p, q.dtype(), mask.defined())) {
     at::flash_backward(p, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, launch.stream, launch.device);
     return;
   }

@@ -20,6 +20,7 @@ struct Problem {
   double scale;      // params.scale, or 1 / sqrt(D)
   bool causal;
   int64_t q_offset;  // query i sees keys j <= q_offset + i when causal
+  int64_t window;    // and j > q_offset + i - window when window > 0 (sliding window; the reference kernel only)
 };
 
 Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& params);

@@ -43,17 +43,18 @@ struct RefShape {
   int64_t q_offset;
   const uint8_t* mask;
   int64_t m0, m1, m2, m3;
+  int64_t window;  // > 0: query i sees keys j > q_offset + i - window too
 
   __device__ int64_t key_end(int64_t i) const { return causal ? min(S, q_offset + i + 1) : S; }
   __device__ bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (j >= key_end(i)) return false;
+    if (j >= key_end(i) || (window > 0 && j <= q_offset + i - window)) return false;
     return mask == nullptr || mask[b * m0 + h * m1 + i * m2 + j * m3] != 0;
   }
 };
 
 RefShape make_shape(const Problem& p, const Tensor& mask) {
   RefShape z{p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.group, p.causal, p.q_offset,
-          nullptr, 0, 0, 0, 0};
+          nullptr, 0, 0, 0, 0, p.window};
   if (mask.defined()) {
     z.mask = static_cast<const uint8_t*>(mask.data_ptr());
     z.m0 = mask.stride(0);

@@ -53,10 +53,11 @@ bool pool_rows_aligned(const Tensor& pool) { return pool.stride(3) == 1 && rows:
 // (undefined: attention alone).
 template <typename T>
 paged_plan::DecodeShape decode_shape(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, int64_t max_context,
-                                     const Tensor& o_weight = Tensor()) {
+                                     int64_t window, const Tensor& o_weight = Tensor()) {
   paged_plan::DecodeShape s;
   s.tokens = q.size(0);
   s.max_context = max_context;
+  s.window = window;
   s.q_heads = static_cast<int>(q.size(1));
   s.kv_heads = static_cast<int>(k_pool.size(2));
   s.dim = static_cast<int>(q.size(2));
@@ -288,6 +289,7 @@ void record_plan(const char* op, const paged_plan::DecodeShape& s, const DecodeP
   std::string shape = "tokens " + std::to_string(s.tokens) + ", heads " + std::to_string(s.q_heads) + "/" +
                       std::to_string(s.kv_heads) + " x " + std::to_string(s.dim) + ", context " +
                       std::to_string(s.max_context);
+  if (s.window > 0) shape += ", window " + std::to_string(s.window);
   if (s.hidden > 0) shape += ", o " + std::to_string(s.hidden) + "x" + std::to_string(s.o_in);
   record_kernel_choice(op, shape, p.describe());
 }
@@ -358,17 +360,18 @@ using namespace cuda_kernels;
 
 void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                                   const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                  double scale, int64_t max_context, const Tensor& out) {
+                                  double scale, int64_t max_context, const Tensor& out, int64_t window) {
   OpScope scope("paged_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
   namespace pg = paged;
-  const pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
-                                             out, detail::cuda_error_word(device_));
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
+                                       detail::cuda_error_word(device_));
+  a.window = static_cast<int>(std::min<int64_t>(window, INT32_MAX));
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
     } else {
-      const auto shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context);
+      const auto shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context, window);
       const auto plan = paged_plan::plan_attention(shape, pg::device_limits(launch.device));
       pg::record_plan("paged_attention", shape, plan);
       pg::launch_plan<T, false>(plan, a, pg::RopeFreq{}, q.size(0), out.device(), launch.stream);
@@ -379,20 +382,20 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
 void CudaFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                          const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                          const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                         double scale, int64_t max_context, const Tensor& out) {
+                                         double scale, int64_t max_context, const Tensor& out, int64_t window) {
   namespace pg = paged;
   paged_plan::DecodePlan plan;
   paged_plan::DecodeShape shape;
   visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, double>) {
-      shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context);
+      shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context, window);
       plan = paged_plan::plan_attention(shape, pg::device_limits(device_), paged_plan::DecodeKernel::composition);
     }
   });
   pg::record_plan("paged_decode_attention", shape, plan);
   if (plan.kernel == paged_plan::DecodeKernel::composition) {  // the separate ops, one after the other
     Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                    max_context, out);
+                                    max_context, out, window);
     return;
   }
   OpScope scope("paged_decode_attention", device_, detail::current_cuda_stream(device_));
@@ -413,7 +416,7 @@ void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor
                                                    const Tensor& slots, const Tensor& block_tables,
                                                    const Tensor& seq_ids, const Tensor& positions, double scale,
                                                    int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                                   const Tensor& out) {
+                                                   const Tensor& out, int64_t window) {
   namespace pg = paged;
   paged_plan::DecodePlan plan;
   auto with_16_bit = [&](auto&& f) {
@@ -422,14 +425,14 @@ void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor
   };
   with_16_bit([&]<typename T>() {
     const detail::CudaDeviceGuard guard(device_);  // the cluster-fit query sets the kernels' attributes
-    const auto shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context, o_weight);
+    const auto shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context, window, o_weight);
     plan = paged_plan::plan_attention_projected(shape, pg::device_limits(device_), pg::decode_policy(),
                                                 pg::clusters_fit_on<T>(device_, shape.dim));
     pg::record_plan("paged_decode_attention_projected", shape, plan);
   });
   if (plan.kernel == paged_plan::DecodeKernel::composition) {
     Fusions::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
-                                              scale, max_context, o_weight, addend, out);
+                                              scale, max_context, o_weight, addend, out, window);
     return;
   }
   const OpScope scope("paged_decode_attention_projected", device_, detail::current_cuda_stream(device_));

@@ -86,6 +86,7 @@ struct PagedArgs {
   int64_t seq_stride, pos_stride;
   int q_heads, kv_heads, group, dim, block_size, num_blocks, num_seqs;
   int max_context;
+  int window;  // > 0: a sliding window, a token attends to its `window` latest keys (the simple kernel only)
   float scale;
   int row_blocks;  // ceil(group / R), R the rows per CTA the staged launch chose
   int chunk, n_split;
@@ -663,8 +664,8 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
   }
 }
 
-// Any head dim and layout: a block per query row (n, h); keys in steps of 128 (one per thread) with an
-// online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
+// Any head dim, layout and sliding window: a block per query row (n, h); keys in steps of 128 (one per thread) with
+// an online softmax; acc [D] in shared memory. Shared memory: q [D], acc [D], p [128], voff [128], scratch [32].
 template <typename T>
 __global__ void __launch_bounds__(kSmallThreads) paged_simple_kernel(const PagedArgs a) {
   extern __shared__ __align__(16) unsigned char simple_smem[];
@@ -686,7 +687,8 @@ __global__ void __launch_bounds__(kSmallThreads) paged_simple_kernel(const Paged
   const T* kp = static_cast<const T*>(a.k_pool);
   const T* vp = static_cast<const T*>(a.v_pool);
   float m = -INFINITY, l = 0.f;  // every thread holds the same running max and sum
-  for (int c0 = 0; c0 < tok.len; c0 += kSimpleKeys) {
+  const int first = a.window > 0 ? max(0, tok.len - a.window) : 0;  // the sliding window's first key
+  for (int c0 = first; c0 < tok.len; c0 += kSimpleKeys) {
     const int j = c0 + tid;
     float s = -INFINITY;
     int64_t vo = -1;
