@@ -88,22 +88,35 @@ void write_sliding_window(const nn::TransformerConfig& c, SlidingWindowFields fi
 // one registry row each (registry.cpp); register_family adds one at run time (a test's or a plugin's family),
 // which then loads, trains and runs like the built-in ones: the modules and the runner build from the
 // description alone.
+// A checkpoint tensor that holds several parameters stacked along dim 0 (Phi-3's qkv_proj, gate_up_proj): `stored`
+// and `parts` are name suffixes after a module path ("model.layers.3."); the loader reads each part as a row range
+// of the stored tensor, and save_model writes them stacked again.
+struct StackedWeight {
+  std::string stored;
+  std::vector<std::string> parts;
+};
+
 struct Family {
   std::string model_type;
   std::string architecture;
   std::function<nn::TransformerConfig(const ConfigReader&)> read;
   std::function<void(const nn::TransformerConfig&, nlohmann::json&)> write;
+  std::vector<StackedWeight> stacked = {};  // the checkpoint's stacked tensors, if any
 };
+// The family of `model_type` (NotSupportedError naming the supported ones).
+Family family_of(const std::string& model_type, const std::string& origin);
 // ValueError when a family of that model_type exists.
 void register_family(Family family);
 
 // The built-in families' readers and writers (one file each).
 nn::TransformerConfig read_llama_config(const ConfigReader& r);
 nn::TransformerConfig read_mistral_config(const ConfigReader& r);
+nn::TransformerConfig read_phi3_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen2_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen3_config(const ConfigReader& r);
 void write_llama_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_mistral_config(const nn::TransformerConfig& c, nlohmann::json& j);
+void write_phi3_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_qwen2_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_qwen3_config(const nn::TransformerConfig& c, nlohmann::json& j);
 

@@ -6,12 +6,55 @@
 #include <map>
 #include <sstream>
 
+#include "config_reader.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/models/config.h"
+#include "microllm/ops/indexing.h"
 
 namespace microllm::models {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Where a parameter's values are in a checkpoint: its own tensor, or rows [row, row + rows) of a tensor that stacks
+// it with others (the family's StackedWeight). Empty name: not there.
+struct Source {
+  std::string name;
+  int64_t row = 0, rows = -1;  // rows < 0: the whole tensor
+  int64_t stacked_rows = 0;    // the rows all parts of a stacked tensor need together
+};
+
+std::map<std::string, Source> sources_of(const nn::TransformerLM& model, const io::SafetensorsCheckpoint& checkpoint) {
+  const std::vector<StackedWeight> stacked = family_of(model.config().model_type, "load").stacked;
+  std::map<std::string, Shape> shapes;
+  for (const nn::ParameterInfo& p : model.named_parameters()) shapes[p.name] = p.variable->shape();
+  std::map<std::string, Source> sources;
+  for (const auto& [name, shape] : shapes) {
+    if (checkpoint.contains(name)) {
+      sources[name] = {name};
+      continue;
+    }
+    for (const StackedWeight& rule : stacked) {
+      for (size_t k = 0; k < rule.parts.size(); ++k) {
+        if (!name.ends_with(rule.parts[k])) continue;
+        const std::string prefix = name.substr(0, name.size() - rule.parts[k].size());
+        if (!checkpoint.contains(prefix + rule.stored)) continue;
+        Source s{prefix + rule.stored, 0, shape[0]};
+        for (size_t i = 0; i < rule.parts.size(); ++i) {
+          const auto part = shapes.find(prefix + rule.parts[i]);
+          const int64_t rows = part == shapes.end() ? 0 : part->second[0];
+          if (i < k) s.row += rows;
+          s.stacked_rows += rows;
+        }
+        sources[name] = s;
+      }
+    }
+  }
+  return sources;
+}
+
+}  // namespace
 
 std::string LoadReport::summary() const {
   std::ostringstream out;
@@ -36,20 +79,34 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
   const auto start = std::chrono::steady_clock::now();
   LoadReport report;
   const std::vector<nn::ParameterInfo> parameters = model.named_parameters();
+  const std::map<std::string, Source> sources = sources_of(model, checkpoint);
   std::map<std::string, bool> used;
   for (const std::string& name : checkpoint.names()) used[name] = false;
+  // The shape a parameter expects of its checkpoint tensor: its own, or the stacked tensor's.
+  auto stored_shape = [](const Source& s, const Shape& shape) {
+    Shape want = shape;
+    if (s.rows >= 0) want[0] = s.stacked_rows;
+    return want;
+  };
   // Check everything first, so a strict load fails before moving any byte.
+  std::map<std::string, bool> usable;
   for (const nn::ParameterInfo& p : parameters) {
-    if (!checkpoint.contains(p.name)) {
+    const auto source = sources.find(p.name);
+    if (source == sources.end()) {
       report.missing.push_back(p.name);
       continue;
     }
-    used[p.name] = true;
-    const io::TensorInfo& info = checkpoint.info(p.name);
-    if (info.shape != p.variable->shape()) {
-      report.mismatched.push_back(str_cat(p.name, ": checkpoint ", info.shape, " vs model ", p.variable->shape()));
+    const Source& s = source->second;
+    used[s.name] = true;
+    const io::TensorInfo& info = checkpoint.info(s.name);
+    const Shape want = stored_shape(s, p.variable->shape());
+    if (info.shape != want) {
+      report.mismatched.push_back(str_cat(p.name, ": checkpoint ", s.name == p.name ? "" : s.name + " ", info.shape,
+                                          " vs model ", want));
     } else if (!is_floating(info.dtype)) {
       report.mismatched.push_back(str_cat(p.name, ": checkpoint dtype ", info.dtype, " is not floating"));
+    } else {
+      usable[p.name] = true;
     }
   }
   for (const auto& [name, was_used] : used) {
@@ -65,13 +122,13 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
   }
   Generator gen(0);
   for (const nn::ParameterInfo& p : parameters) {
-    const bool usable = checkpoint.contains(p.name) && checkpoint.info(p.name).shape == p.variable->shape() &&
-                        is_floating(checkpoint.info(p.name).dtype);
     Tensor value;
     const Tensor& current = p.variable->value();
     const bool in_place = current.device() == options.device && current.dtype() == options.dtype;
-    if (usable) {
-      const Tensor stored = checkpoint.get(p.name);  // a view of the mapped file
+    if (usable.count(p.name) > 0) {
+      const Source& s = sources.at(p.name);
+      Tensor stored = checkpoint.get(s.name);  // a view of the mapped file
+      if (s.rows >= 0) stored = stored.narrow(0, s.row, s.rows);
       report.bytes += stored.nbytes();
       if (in_place) {
         // Already where it belongs (a resume): overwrite the values, so anything holding the parameter's
@@ -107,7 +164,28 @@ void save_model(const nn::TransformerLM& model, const std::string& directory, si
   fs::create_directories(directory);
   std::vector<std::pair<std::string, Tensor>> tensors;
   size_t total = 0;
-  for (const nn::ParameterInfo& p : model.named_parameters()) {
+  const std::vector<StackedWeight> stacked = family_of(model.config().model_type, "save").stacked;
+  std::map<std::string, bool> written;  // parameters already written stacked
+  const std::vector<nn::ParameterInfo> parameters = model.named_parameters();
+  std::map<std::string, Tensor> values;
+  for (const nn::ParameterInfo& p : parameters) values[p.name] = p.variable->value();
+  for (const nn::ParameterInfo& p : parameters) {
+    if (written.count(p.name) > 0) continue;
+    for (const StackedWeight& rule : stacked) {  // the family's stacked tensors, at their first part
+      if (!p.name.ends_with(rule.parts.front())) continue;
+      const std::string prefix = p.name.substr(0, p.name.size() - rule.parts.front().size());
+      std::vector<Tensor> parts;
+      for (const std::string& part : rule.parts) {
+        const auto value = values.find(prefix + part);
+        MICROLLM_CHECK(value != values.end(), ValueError, "save", "a ", model.config().model_type,
+                       " checkpoint stacks ", prefix + rule.stored, " but the model has no ", prefix + part);
+        parts.push_back(value->second);
+        written[prefix + part] = true;
+      }
+      tensors.emplace_back(prefix + rule.stored, concat(parts, 0));
+      total += tensors.back().second.nbytes();
+    }
+    if (written.count(p.name) > 0) continue;
     tensors.emplace_back(p.name, p.variable->value());
     total += p.variable->value().nbytes();
   }

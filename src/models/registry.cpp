@@ -20,11 +20,19 @@ std::vector<Family>& families() {
   static std::vector<Family> all = {
       {"llama", "LlamaForCausalLM", read_llama_config, write_llama_config},
       {"mistral", "MistralForCausalLM", read_mistral_config, write_mistral_config},
+      {"phi3",
+       "Phi3ForCausalLM",
+       read_phi3_config,
+       write_phi3_config,
+       {{"self_attn.qkv_proj.weight", {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+        {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}}},
       {"qwen2", "Qwen2ForCausalLM", read_qwen2_config, write_qwen2_config},
       {"qwen3", "Qwen3ForCausalLM", read_qwen3_config, write_qwen3_config},
   };
   return all;
 }
+
+}  // namespace
 
 Family family_of(const std::string& model_type, const std::string& origin) {
   std::lock_guard lock(families_mutex);
@@ -35,6 +43,8 @@ Family family_of(const std::string& model_type, const std::string& origin) {
   }
   throw NotSupportedError(origin, str_cat("field 'model_type' = \"", model_type, "\" is not supported (have ", known, ")"));
 }
+
+namespace {
 
 const char* activation_name(nn::MlpActivation a) { return a == nn::MlpActivation::silu ? "silu" : "gelu_pytorch_tanh"; }
 

@@ -28,8 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kCases = {"qwen2",   "qwen3",          "llama3",      "llama_linear",
-                                         "mistral", "mistral_window", "qwen2_window"};
+const std::vector<std::string> kCases = {"qwen2",   "qwen3",          "llama3",       "llama_linear",
+                                         "mistral", "mistral_window", "qwen2_window", "phi3"};
 
 fs::path fixture_dir(const std::string& name) { return fs::path(MICROLLM_SOURCE_DIR) / "tests/fixtures/models" / name; }
 

@@ -18,6 +18,7 @@ biases N(0, 0.1^2), so nothing keeps its trivial initial value), eager attention
   mistral       MistralForCausalLM  sliding_window null, untied head
   mistral_window  MistralForCausalLM  sliding_window 5 on every layer (shorter than the 17 tokens), untied head
   qwen2_window  Qwen2ForCausalLM    use_sliding_window, sliding_window 6, max_window_layers 1 (layer 1 slides)
+  phi3          Phi3ForCausalLM     stacked qkv_proj and gate_up_proj, sliding_window 7, untied head
 
 Outputs (tests/fixtures/models/<name>/, each well under 1 MB):
   config.json, model.safetensors (+ generation_config.json)  as save_pretrained writes them
@@ -86,6 +87,9 @@ CASES = {
                      dict(COMMON, tie_word_embeddings=True, use_sliding_window=True, sliding_window=6,
                           max_window_layers=1),
                      dict(rope_type="default", rope_theta=10000.0), 5007),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(COMMON, tie_word_embeddings=False, sliding_window=7, pad_token_id=0, partial_rotary_factor=1.0),
+             dict(rope_type="default", rope_theta=10000.0), 5008),
 }
 
 
