@@ -9,6 +9,9 @@
 #             SERVE_TRACE=1 the first server also writes a trace of its first SERVE_TRACE_SECONDS (30)
 #   trace     a trace of Qwen2.5-0.5B-config training steps (B8 x T1024, bf16-mixed) and of a B1 decode bench,
 #             each summarized by `microllm trace summarize`
+#   goldens   tools/oracle/model_golden.py for GOLDEN_NAMES (default: the windowed and Phi-3 cases), the folders
+#             copied to $OUT/models/ to commit under tests/fixtures/models/ (HfGoldenTest skips them until then)
+#   explain   `microllm bench --explain` on the Qwen2.5-0.5B config: each decode batch's and context's kernels
 #   ab        tools/gpu/ab.sh bench (AB_RUNS, AB_PASSES) against the builds in .device/ab/
 #   ab-train  tools/gpu/ab.sh train (AB_TRAIN_STEPS)
 #   device run, carry [".device"]: bash tools/gpu/validate.sh [STEP...]
@@ -44,6 +47,23 @@ step_tests() {
   done | tee "$OUT/tests.md"
 }
 
+step_goldens() {
+  local names=(${GOLDEN_NAMES:-mistral_window qwen2_window phi3}) args=()
+  for n in "${names[@]}"; do args+=(--name "$n"); done
+  timeout 300 python3 tools/oracle/model_golden.py "${args[@]}" > "$OUT/logs/model_golden.log" 2>&1
+  echo "== model_golden.py ${names[*]}: exit $?"
+  tail -5 "$OUT/logs/model_golden.log"
+  mkdir -p "$OUT/models"
+  for n in "${names[@]}"; do cp -r "tests/fixtures/models/$n" "$OUT/models/" 2>/dev/null; done
+}
+
+step_explain() {
+  timeout 180 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 \
+    -p 0 -n 32 -b 1,2,8 -r 1 --workload 4000:1:32,4000:2:32 --explain > "$OUT/explain.md" 2>&1
+  echo "== bench --explain: exit $?"
+  cat "$OUT/explain.md"
+}
+
 step_serve() {
   OUT="$OUT/serve" bash tools/gpu/run.sh infer-serve 2>&1 | tail -60 | tee "$OUT/serve.md"
 }
@@ -71,6 +91,8 @@ for step in "${steps[@]}"; do
     align) step_align ;;
     tests) step_tests ;;
     serve) step_serve ;;
+    goldens) step_goldens ;;
+    explain) step_explain ;;
     trace) step_trace ;;
     ab) bash tools/gpu/ab.sh bench > /dev/null 2>&1; cat "$OUT/ab.md" ;;
     ab-train) OUT="$OUT/ab-train" bash tools/gpu/ab.sh train > /dev/null 2>&1; cat "$OUT/ab-train/ab.md" ;;
