@@ -110,8 +110,14 @@ void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
   }
   if (c.rope.scaling.type != RopeScalingType::none) out << ")";
   out << "\n"
-      << "max positions " << c.max_position_embeddings << "\n"
-      << "tie embeddings " << (c.tie_word_embeddings ? "yes" : "no") << ", qkv bias "
+      << "max positions " << c.max_position_embeddings << "\n";
+  int64_t windowed = 0;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) windowed += c.window_of(layer) > 0 ? 1 : 0;
+  if (windowed > 0) {
+    out << "window        " << c.sliding_window << " keys (sliding) on " << windowed << " of " << c.num_layers
+        << " layers\n";
+  }
+  out << "tie embeddings " << (c.tie_word_embeddings ? "yes" : "no") << ", qkv bias "
       << (c.attention_bias ? "yes" : "no") << ", qk-norm " << (c.qk_norm ? "yes" : "no") << ", rms_norm_eps "
       << c.rms_norm_eps << "\n";
   out << "bos/eos ids   " << (c.bos_token_id >= 0 ? std::to_string(c.bos_token_id) : std::string("-")) << " / ";
