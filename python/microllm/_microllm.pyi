@@ -24,6 +24,7 @@ class ModelConfig:
     eos_token_ids: List[int]
     attention_bias: bool
     qk_norm: bool
+    layer_windows: List[int]  # each layer's sliding window in keys (0: full attention)
     num_parameters: int
     def to_dict(self) -> Dict[str, Any]: ...
 

@@ -168,6 +168,13 @@ std::vector<Tensor> attention_weights(const LoadedModel& m, py::handle ids, std:
   return nn::attention_weights(*m.model, input, layers, ctx);
 }
 
+// Each layer's sliding window (0: full attention).
+std::vector<int64_t> layer_windows(const nn::TransformerConfig& c) {
+  std::vector<int64_t> windows;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) windows.push_back(c.window_of(layer));
+  return windows;
+}
+
 py::dict config_dict(const nn::TransformerConfig& c) {
   py::dict d;
   d["model_type"] = c.model_type;
@@ -186,6 +193,7 @@ py::dict config_dict(const nn::TransformerConfig& c) {
   d["eos_token_ids"] = c.eos_token_ids;
   d["attention_bias"] = c.attention_bias;
   d["qk_norm"] = c.qk_norm;
+  d["layer_windows"] = layer_windows(c);
   return d;
 }
 
@@ -209,6 +217,7 @@ void bind_config(py::module_& m) {
       .def_readonly("eos_token_ids", &C::eos_token_ids)
       .def_readonly("attention_bias", &C::attention_bias)
       .def_readonly("qk_norm", &C::qk_norm)
+      .def_property_readonly("layer_windows", &layer_windows, "Each layer's sliding window in keys (0: full attention)")
       .def_property_readonly("num_parameters", &C::num_parameters)
       .def("to_dict", &config_dict, "The fields as a dict")
       .def("__repr__", [](const C& c) { return "ModelConfig(" + std::string(py::repr(config_dict(c))) + ")"; });

@@ -153,6 +153,22 @@ def test_load_model_reads_the_config(models):
         assert model.num_parameters == model.config.num_parameters > 0
 
 
+def test_a_sliding_window_reads_from_config_json_and_hides_older_keys(tmp_path, rng):
+    # The mistral fixture with a 5-key window: the same logits while a sequence fits the window, others after.
+    folder = tmp_path / "mistral-window"
+    shutil.copytree(FIXTURE_MODELS / "mistral", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["sliding_window"] = 5
+    (folder / "config.json").write_text(json.dumps(config))
+    full, windowed = microllm.load_model(str(FIXTURE_MODELS / "mistral")), microllm.load_model(str(folder))
+    assert full.config.layer_windows == [0, 0]
+    assert windowed.config.layer_windows == [5, 5] == windowed.config.to_dict()["layer_windows"]
+    ids = [[rng.randrange(config["vocab_size"]) for _ in range(12)]]
+    a, b = as_numpy(full.logits(ids))[0], as_numpy(windowed.logits(ids))[0]
+    np.testing.assert_array_equal(a[:5], b[:5])
+    assert np.abs(a[5:] - b[5:]).max() > 1e-4
+
+
 def test_a_missing_folder_raises_io_error_naming_it(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(microllm.IoError, match=str(missing)):
