@@ -102,11 +102,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 void print_kernel_choices(std::ostream& out, const std::vector<Row>& rows, Device device) {
   if (!device.is_cuda()) {
     out << "\nkernels: on the CPU every fused op runs its composition of the reference ops (src/backend/fusions.cpp)\n";
-    return;
   }
   for (const Row& r : rows) {
+    if (r.kernels.empty()) continue;
     out << "\nkernels, " << r.test.name << " batch " << r.test.batch
-        << " (each op's choice and its host calls; docs/CUDA.md):\n| op | shapes | kernel | calls |\n| --- | --- | --- | ---: |\n";
+        << " (each op's choice and its host calls; docs/PROFILING.md):\n| op | shapes | kernel | calls |\n| --- | --- | --- | ---: |\n";
     for (const KernelChoice& k : r.kernels) {
       out << "| " << k.op << " | " << k.shapes << " | " << k.choice << " | " << k.calls << " |\n";
     }

@@ -40,6 +40,8 @@ TEST(BenchCli, TinyPresetOnTheCpuWritesTheExpectedRows) {
   EXPECT_NE(output.find("machine: CPU "), std::string::npos) << output;
   EXPECT_NE(output.find("| tiny | "), std::string::npos) << output;
   EXPECT_NE(output.find("kernels: on the CPU every fused op runs its composition"), std::string::npos) << output;
+  EXPECT_NE(output.find("| attention | q [1, 4, 16, 32] f32, keys 16 | f32 vectorized loops"), std::string::npos)
+      << output;  // the tiny preset's pp16 (4 heads of 32)
 
   std::ifstream in(json_path);
   ASSERT_TRUE(in.good()) << json_path;

@@ -18,6 +18,7 @@
 #include "attention_fast.h"
 #include "cpu_backend.h"
 #include "dispatch.h"
+#include "microllm/backend/kernel_choices.h"
 
 namespace microllm {
 namespace {
@@ -120,7 +121,14 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
     Tensor(out).copy_(staged);  // a handle on the same storage
     return;
   }
-  if (cpu::attention_fast_applies(q, k, v, mask)) return cpu::attention_fast(q, k, v, params, out, lse);
+  const bool fast = cpu::attention_fast_applies(q, k, v, mask);
+  if (recording_kernel_choices()) {
+    record_kernel_choice("attention",
+                         str_cat("q ", q.shape(), " ", q.dtype(), ", keys ", k.size(2),
+                                 params.window > 0 ? str_cat(", window ", params.window) : std::string()),
+                         fast ? "f32 vectorized loops (attention_fast.cpp)" : "reference loops (attention.cpp)");
+  }
+  if (fast) return cpu::attention_fast(q, k, v, params, out, lse);
   cpu::visit_float(q.dtype(), "attention", [&]<typename T>() {
     using A = cpu::acc_t<T>;
     const Layout L(q, k, mask, params);
