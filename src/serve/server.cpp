@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "microllm/core/error.h"
 #include "microllm/generate/engine.h"
@@ -83,6 +84,9 @@ struct Server::Impl {
   socket_t listening_socket = INVALID_SOCKET;  // httplib.h's socket type; set while binding (start())
   std::thread listener;
   std::atomic<bool> started{false}, stopping{false};
+  // Streams whose response is still being written: stop() lets them write their last events (httplib stops
+  // calling a content provider once the server stops).
+  std::atomic<int> open_streams{0};
   int bound_port = 0;
   std::mutex stop_m;
   std::condition_variable stop_cv;
@@ -301,6 +305,7 @@ struct Server::Impl {
       Clock::time_point last_write = Clock::now();
     };
     auto state = std::make_shared<State>();
+    ++open_streams;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -342,6 +347,7 @@ struct Server::Impl {
         },
         [this, job](bool success) {
           if (!success) loop->cancel(*job);
+          --open_streams;
         });
   }
 
@@ -495,7 +501,8 @@ struct Server::Impl {
       stop_cv.wait(lock, [&] { return stopped; });
       return;
     }
-    loop->stop();
+    loop->stop();  // every job ends: each open stream writes its error event and [DONE], then closes
+    for (int i = 0; i < 200 && open_streams.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     http.stop();
     if (listener.joinable()) listener.join();
     {
