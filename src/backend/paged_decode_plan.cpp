@@ -118,16 +118,31 @@ std::optional<DecodePlan> projected(const DecodeShape& s, const DeviceLimits& d,
   return p;
 }
 
-// The cluster kernels' regions before the projection's (the staged rows and o's sums) and the room left for it.
-struct ClusterRegions {
-  int64_t proj_offset, heads_bytes, room;
-};
-ClusterRegions cluster_regions(DecodePlan& p, const DecodeShape& s, const DeviceLimits& d, int64_t chunk,
-                               int64_t x_len) {
+// The cluster kernels' plan once their slices are chosen (p's kernel and slices set): chunk keys of kRowsPerCta rows
+// staged a CTA, then o's sums, the head and the projection's input (x_len elements: o_in, or a kv head's part of
+// it), then the projection's rows within the room left; clusters of cluster_ctas CTAs, clusters_a_token a token.
+// The arrival counters bound head clusters' tokens x CTAs x replicas (a token's cluster stays within them anyway).
+std::optional<DecodePlan> cluster_plan(DecodePlan p, const DecodeShape& s, const DeviceLimits& d,
+                                       const DecodePolicy& policy, const ClustersFit& fits, int64_t chunk,
+                                       int64_t x_len, int64_t cluster_ctas, int64_t clusters_a_token) {
+  p.rows_per_cta = kRowsPerCta;
   const size_t regions = size_staged(p, s, kRowsPerCta, chunk) + size_t{kRowsPerCta} * s.dim * sizeof(float);
   const int64_t proj_offset = round_up(static_cast<int64_t>(regions), 16);
   const int64_t heads_bytes = (s.dim + x_len) * s.element_bytes;
-  return {proj_offset, heads_bytes, d.max_smem_optin - proj_offset - heads_bytes};
+  const int64_t room = d.max_smem_optin - proj_offset - heads_bytes;
+  if (room < 0) return {};
+  const int64_t staged = plan_projection(p, s, policy, d.sms / 2, cluster_ctas, std::min(room, kMaxStagedProjection),
+                                         x_len, clusters_a_token);
+  if (staged < 0 || p.o_cols > 32 * kStagedWarps) return {};  // project_rows: a lane a row
+  if (s.tokens * cluster_ctas * p.replicas > kMaxArrivalCounters) return {};
+  p.proj_offset = static_cast<int>(proj_offset);
+  p.smem = static_cast<size_t>(proj_offset + heads_bytes + staged);
+  p.cluster = static_cast<unsigned>(cluster_ctas);
+  p.grid_x = s.tokens * clusters_a_token * cluster_ctas;
+  p.grid_y = p.replicas;
+  p.threads = kStagedThreads;
+  if (!fits(p)) return {};
+  return p;
 }
 
 // Past one chunk: a token's kv heads x slices in one cluster with a CTA for every query head, a slice of at most
@@ -139,27 +154,14 @@ std::optional<DecodePlan> token_cluster(const DecodeShape& s, const DeviceLimits
       one_head_per_cta(s, d.sms)) {
     return {};
   }
-  const int slices = kMaxClusterCtas / s.kv_heads, ctas = s.kv_heads * slices;
+  const int slices = kMaxClusterCtas / s.kv_heads;
   if (slices < group_of(s)) return {};  // CTA h merges query head h: a CTA for every query head
   const int64_t chunk = round_up(ceil_div(s.max_context, slices), 32);
   if (chunk > (s.tensor_cores ? kMaxTokenClusterChunk : int64_t{kMaxChunk})) return {};
   DecodePlan p;
   p.kernel = DecodeKernel::token_cluster;
-  p.rows_per_cta = kRowsPerCta;
   p.slices = slices;
-  const ClusterRegions r = cluster_regions(p, s, d, chunk, s.o_in);
-  if (r.room < 0) return {};
-  const int64_t staged =
-      plan_projection(p, s, policy, d.sms / 2, ctas, std::min(r.room, kMaxStagedProjection), s.o_in, 1);
-  if (staged < 0 || p.o_cols > 32 * kStagedWarps) return {};
-  p.proj_offset = static_cast<int>(r.proj_offset);
-  p.smem = static_cast<size_t>(r.proj_offset + r.heads_bytes + staged);
-  p.cluster = static_cast<unsigned>(ctas);
-  p.grid_x = s.tokens * ctas;
-  p.grid_y = p.replicas;
-  p.threads = kStagedThreads;
-  if (!fits(p)) return {};
-  return p;
+  return cluster_plan(p, s, d, policy, fits, chunk, s.o_in, int64_t{s.kv_heads} * slices, 1);
 }
 
 // Past a token's cluster (a slice past its limit, e.g. a 4,096-key graph with 2 kv heads): clusters of
@@ -178,23 +180,9 @@ std::optional<DecodePlan> head_clusters(const DecodeShape& s, const DeviceLimits
   if (chunk > kMaxChunk) return {};
   DecodePlan p;
   p.kernel = DecodeKernel::head_clusters;
-  p.rows_per_cta = kRowsPerCta;
   p.slices = slices;
   const int64_t x_len = int64_t{group_of(s)} * s.dim;  // a kv head's part of o_in: the projection's input
-  const ClusterRegions r = cluster_regions(p, s, d, chunk, x_len);
-  if (r.room < 0) return {};
-  const int64_t staged =
-      plan_projection(p, s, policy, d.sms / 2, slices, std::min(r.room, kMaxStagedProjection), x_len, s.kv_heads);
-  if (staged < 0 || p.o_cols > 32 * kStagedWarps) return {};
-  if (s.tokens * slices * p.replicas > kMaxArrivalCounters) return {};
-  p.proj_offset = static_cast<int>(r.proj_offset);
-  p.smem = static_cast<size_t>(r.proj_offset + r.heads_bytes + staged);
-  p.cluster = static_cast<unsigned>(slices);
-  p.grid_x = s.tokens * s.kv_heads * slices;
-  p.grid_y = p.replicas;
-  p.threads = kStagedThreads;
-  if (!fits(p)) return {};
-  return p;
+  return cluster_plan(p, s, d, policy, fits, chunk, x_len, slices, s.kv_heads);
 }
 
 // Several splits of whole GQA groups, then paged_combine_projected_kernel in place of the combine and the o GEMV:

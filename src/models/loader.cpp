@@ -25,10 +25,11 @@ struct Source {
   int64_t stacked_rows = 0;    // the rows all parts of a stacked tensor need together
 };
 
-std::map<std::string, Source> sources_of(const nn::TransformerLM& model, const io::SafetensorsCheckpoint& checkpoint) {
+std::map<std::string, Source> sources_of(const nn::TransformerLM& model, const std::vector<nn::ParameterInfo>& parameters,
+                                         const io::SafetensorsCheckpoint& checkpoint) {
   const std::vector<StackedWeight> stacked = family_of(model.config().model_type, "load").stacked;
   std::map<std::string, Shape> shapes;
-  for (const nn::ParameterInfo& p : model.named_parameters()) shapes[p.name] = p.variable->shape();
+  for (const nn::ParameterInfo& p : parameters) shapes[p.name] = p.variable->shape();
   std::map<std::string, Source> sources;
   for (const auto& [name, shape] : shapes) {
     if (checkpoint.contains(name)) {
@@ -79,7 +80,7 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
   const auto start = std::chrono::steady_clock::now();
   LoadReport report;
   const std::vector<nn::ParameterInfo> parameters = model.named_parameters();
-  const std::map<std::string, Source> sources = sources_of(model, checkpoint);
+  const std::map<std::string, Source> sources = sources_of(model, parameters, checkpoint);
   std::map<std::string, bool> used;
   for (const std::string& name : checkpoint.names()) used[name] = false;
   // The shape a parameter expects of its checkpoint tensor: its own, or the stacked tensor's.

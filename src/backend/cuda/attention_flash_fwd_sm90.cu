@@ -27,8 +27,7 @@
 // (160 registers at D 128) would not fit a third of the register file each.
 //
 // Tiles: 128 keys; D 128 in three stages (one CTA an SM: 224 KB), D 64 in four, one CTA an SM (two CTAs an SM
-// of 64-key tiles spill at their 104-register budget). Measurements and the variants not kept:
-// docs/perf/kernels.md#flash-forward-sm90.
+// of 64-key tiles spill at their 104-register budget); docs/perf/kernels.md#flash-forward-sm90.
 //
 // The wgmma are asynchronous only as long as ptxas can prove no other instruction touches an accumulator
 // before its wait; otherwise it serializes every wgmma of the kernel (ptxas -v: "C7514 ... wgmma.mma_async

@@ -4,7 +4,7 @@
 //
 // Why: at prefill size cuBLASLt writes the [M, 2N] product and the swiglu kernel streams it back at copy
 // bandwidth, and cuBLASLt has no SiLU epilogue (cublasLt.h: ReLU, GELU, bias and their gradients), so the fusion
-// needs a GEMM of our own (docs/perf/kernels.md#gemm_swiglu_sm90: its measurements and the variants not kept).
+// needs a GEMM of our own (docs/perf/kernels.md#gemm_swiglu_sm90).
 //
 // The kernel is the standard Hopper design (CUTLASS's warp-specialized persistent kernels, FlashAttention-3):
 //   - Persistent: one CTA per SM walks the tiles (tile t, t + grid, ...); a tile is 128 rows of x by 128 output
