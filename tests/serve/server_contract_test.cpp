@@ -117,8 +117,18 @@ std::unique_ptr<Tokenizer> ServeContractTest::tokenizer_;
 // penalties and the bias change the greedy text (a server that ignored them would answer the plain one).
 TEST_F(ServeContractTest, SamplingFieldsAnswerAsGenerateDoes) {
   const int64_t n = 24;
-  const std::string prompt = "The tiny model says";
-  const generate::Generation plain = reference(prompt, {.temperature = 0}, n);
+  // A random model's greedy run can stop at its first token (a stop id), which no penalty changes: take the
+  // first prompt whose greedy run the repetition penalty changes.
+  std::string prompt;
+  generate::Generation plain;
+  for (const char* candidate : {"The tiny model says", "Once upon a time", "A quick brown fox", "1 2 3 4 5"}) {
+    plain = reference(candidate, {.temperature = 0}, n);
+    if (reference(candidate, {.temperature = 0, .repetition_penalty = 3.0}, n).tokens != plain.tokens) {
+      prompt = candidate;
+      break;
+    }
+  }
+  ASSERT_FALSE(prompt.empty()) << "no prompt's greedy run changes under a repetition penalty";
   ASSERT_FALSE(plain.tokens.empty());
   const int32_t first = plain.tokens.front();
   struct Case {

@@ -52,9 +52,13 @@ step_goldens() {
   for n in "${names[@]}"; do args+=(--name "$n"); done
   timeout 300 python3 tools/oracle/model_golden.py "${args[@]}" > "$OUT/logs/model_golden.log" 2>&1
   echo "== model_golden.py ${names[*]}: exit $?"
-  tail -5 "$OUT/logs/model_golden.log"
+  grep -E "^[a-z0-9_]+:$|parameters,|warning|FAILED|failed|Error" "$OUT/logs/model_golden.log" | head -60
   mkdir -p "$OUT/models"
   for n in "${names[@]}"; do cp -r "tests/fixtures/models/$n" "$OUT/models/" 2>/dev/null; done
+  # The new goldens, read at once by the C++ side on the CPU and the GPU.
+  timeout 300 "$bin/models_tests" --gtest_filter='*HfGolden*' --gtest_brief=1 > "$OUT/logs/hf_golden.log" 2>&1
+  echo "== models_tests HfGolden*: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/logs/hf_golden.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$OUT/logs/hf_golden.log" | head -40
 }
 
 step_explain() {

@@ -19,6 +19,12 @@ biases N(0, 0.1^2), so nothing keeps its trivial initial value), eager attention
   mistral_window  MistralForCausalLM  sliding_window 5 on every layer (shorter than the 17 tokens), untied head
   qwen2_window  Qwen2ForCausalLM    use_sliding_window, sliding_window 6, max_window_layers 1 (layer 1 slides)
   phi3          Phi3ForCausalLM     stacked qkv_proj and gate_up_proj, sliding_window 7, untied head
+  phi3_longrope Phi3ForCausalLM     rope_type longrope (short/long factors, original_max_position_embeddings 64:
+                                    the 17 and 41 tokens run on the short factors and the attention factor)
+  qwen2_yarn    Qwen2ForCausalLM    rope_type yarn (factor 4 = max_position_embeddings / original 64)
+  gemma3        Gemma3ForCausalLM   gemma3_text: layer 0 sliding (window 5, rotary base 1e4), layer 1 global
+                                    (base 1e6), head_dim 24, query_pre_attn_scalar 20, QK-norm, (1 + w) norms,
+                                    sandwich norms, GELU-tanh MLP, scaled embeddings, final_logit_softcapping 30
 
 Outputs (tests/fixtures/models/<name>/, each well under 1 MB):
   config.json, model.safetensors (+ generation_config.json)  as save_pretrained writes them
@@ -31,6 +37,10 @@ Outputs (tests/fixtures/models/<name>/, each well under 1 MB):
                                     cache, no stop tokens); the prompt is chosen (among seeded candidates) so
                                     that every step's top-2 logit gap is clear of float32 noise
     greedy_min_margin  [] float32   the smallest top-1 minus top-2 logit gap over those 32 steps
+    loss               [] float32   mean cross-entropy of logits against `targets` (float32 model)
+    targets            [2, 17] int64
+    grad/<parameter>   float32      that loss's gradient of the embedding table, every 1-D parameter (norms,
+                                    biases) and the last layer's o_proj and down_proj (names as saved)
 The directory is written to <name>.tmp-<pid> and renamed when complete. The test that reads them is
 tests/models/hf_golden_test.cpp; docs/parity.md explains the checks. Exit status 1 if any case failed.
 """
@@ -90,7 +100,43 @@ CASES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM",
              dict(COMMON, tie_word_embeddings=False, sliding_window=7, pad_token_id=0, partial_rotary_factor=1.0),
              dict(rope_type="default", rope_theta=10000.0), 5008),
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      dict(COMMON, tie_word_embeddings=False, sliding_window=None, pad_token_id=0,
+                           partial_rotary_factor=1.0, original_max_position_embeddings=64),
+                      dict(rope_type="longrope", rope_theta=10000.0,
+                           short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0],
+                           long_factor=[1.0, 1.5, 2.2, 3.1, 4.4, 6.0, 8.1, 10.0],
+                           original_max_position_embeddings=64), 5009),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM",
+                   dict(COMMON, tie_word_embeddings=True, use_sliding_window=False),
+                   dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64),
+                   5010),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(COMMON, hidden_act=None, hidden_activation="gelu_pytorch_tanh", head_dim=24,
+                    query_pre_attn_scalar=20, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                    final_logit_softcapping=30.0, attn_logit_softcapping=None, tie_word_embeddings=True,
+                    pad_token_id=0, bos_token_id=2, eos_token_id=1),
+               {"full_attention": dict(rope_type="default", rope_theta=1000000.0),
+                "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}, 5011),
 }
+
+
+def make_gemma3_config(config_cls, kwargs, rope):
+    """Gemma 3's rotary bases per layer type: transformers >= 5 takes rope_parameters keyed by layer type, older
+    ones rope_theta (global layers) and rope_local_base_freq (sliding ones)."""
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:
+        kwargs["rope_parameters"] = copy.deepcopy(rope)
+    else:
+        kwargs["rope_theta"] = rope["full_attention"]["rope_theta"]
+        kwargs["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    config = config_cls(**kwargs)
+    config._attn_implementation = "eager"
+    saved = json.dumps(config.to_dict())
+    for layer_type in ("full_attention", "sliding_attention"):
+        if str(rope[layer_type]["rope_theta"]) not in saved:
+            raise RuntimeError(f"the config lost the {layer_type} rotary base: {saved}")
+    return config
 
 
 def make_config(config_cls, kwargs, rope):
@@ -129,6 +175,24 @@ def randomize(model, generator):
                 p.copy_(0.2 * torch.randn(p.shape, generator=generator))
 
 
+def loss_and_gradients(model, ids, targets):
+    """The mean cross-entropy of the logits against targets (as TransformerLM::loss) and its gradient of the
+    parameters the golden keeps: the embedding table, every 1-D parameter, the last layer's o_proj and down_proj."""
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids, use_cache=False).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    last = f"layers.{model.config.num_hidden_layers - 1}."
+    grads = {}
+    for name, p in model.named_parameters():
+        keep = (p.dim() == 1 or name.endswith("embed_tokens.weight")
+                or (last in name and (name.endswith("o_proj.weight") or name.endswith("down_proj.weight"))))
+        if keep and p.grad is not None:
+            grads["grad/" + name] = p.grad.detach().float().contiguous().clone()
+    model.zero_grad(set_to_none=True)
+    return float(loss), grads
+
+
 def cross_check_generate(model, prompt, expected):
     """transformers' own generate (KV cache) should agree with the full-forward loop; a warning if not."""
     try:
@@ -147,7 +211,7 @@ def cross_check_generate(model, prompt, expected):
 def make_case(name):
     config_name, model_name, kwargs, rope, seed = CASES[name]
     config_cls, model_cls = getattr(transformers, config_name), getattr(transformers, model_name)
-    config = make_config(config_cls, kwargs, rope)
+    config = (make_gemma3_config if name.startswith("gemma3") else make_config)(config_cls, kwargs, rope)
     torch.manual_seed(seed)
     model = model_cls(config).float().eval()
     generator = torch.Generator().manual_seed(seed)
@@ -170,6 +234,9 @@ def make_case(name):
     if margin <= 1e-4 * max_logit:
         print(f"  warning: smallest top-2 gap on the greedy path is {margin:.3g} (max |logit| {max_logit:.3g})")
     cross_check_generate(model, prompt, tokens)
+
+    targets = torch.randint(0, vocab, (BATCH, TOKENS), generator=generator, dtype=torch.int64)
+    loss, grads = loss_and_gradients(model, ids, targets)
 
     model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
     logits_bf16 = logits_of(model_bf16, ids)
@@ -195,7 +262,10 @@ def make_case(name):
                "logits_bf16": logits_bf16.contiguous(),
                "greedy_prompt": prompt.contiguous(),
                "greedy_tokens": tokens.contiguous(),
-               "greedy_min_margin": torch.tensor(margin, dtype=torch.float32)},
+               "greedy_min_margin": torch.tensor(margin, dtype=torch.float32),
+               "targets": targets.contiguous(),
+               "loss": torch.tensor(loss, dtype=torch.float32),
+               **grads},
               str(tmp / "golden.safetensors"),
               metadata={"format": "pt", "case": name, "torch": torch.__version__,
                         "transformers": transformers.__version__, "seed": str(seed)})
