@@ -33,9 +33,9 @@
 
 #include "commands.h"
 #include "microllm/autograd/variable.h"
-#include "microllm/core/cuda.h"
 #include "microllm/backend/kernel_choices.h"
 #include "microllm/backend/op_timing.h"
+#include "microllm/core/cuda.h"
 #include "microllm/core/threads.h"
 #include "microllm/generate/engine.h"
 #include "microllm/generate/runner.h"
@@ -52,7 +52,7 @@ namespace fs = std::filesystem;
 
 struct BenchCliOptions {
   std::string model, preset, config;
-  std::string trace;  // --trace FILE: the timed repetitions
+  std::string trace;    // --trace FILE: the timed repetitions
   int64_t vocab = 256;  // presets only
   uint64_t seed = 0;
   std::string device = "cpu";
@@ -66,9 +66,9 @@ struct BenchCliOptions {
   int warmup = 1;
   std::string json;
   int threads = 0;
-  std::string path = "engine";  // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
-  bool op_times = false;        // time every op with CUDA events (graphs off) and print the slowest per test
-  bool explain = false;         // print which kernel each fused or dispatching op chose, per test
+  std::string path = "engine";   // engine: generate::Engine (paged KV, CUDA graphs); plain: forward + KvCache
+  bool op_times = false;         // time every op with CUDA events (graphs off) and print the slowest per test
+  bool explain = false;          // print which kernel each fused or dispatching op chose, per test
   int64_t prefill_chunk = 4096;  // the default workload's two 2,048-token prompts in one prefill forward
   // Whether the test lists came from the command line (then a test that cannot run is an error).
   bool prompts_given = false, new_tokens_given = false, batches_given = false, workloads_given = false;
@@ -88,9 +88,9 @@ struct Row {
   Test test;
   std::vector<double> seconds;  // one per timed repetition
   std::vector<double> tokens_per_second;
-  double tokens = 0;        // counted tokens per repetition (generated ones for a workload)
-  double total_tokens = 0;  // prompt + generated tokens per repetition
-  std::vector<OpTiming> op_times;  // --op-times: over the timed repetitions
+  double tokens = 0;                  // counted tokens per repetition (generated ones for a workload)
+  double total_tokens = 0;            // prompt + generated tokens per repetition
+  std::vector<OpTiming> op_times;     // --op-times: over the timed repetitions
   std::vector<KernelChoice> kernels;  // --explain: each op's choices over the test's repetitions
 };
 
@@ -106,7 +106,8 @@ void print_kernel_choices(std::ostream& out, const std::vector<Row>& rows, Devic
   for (const Row& r : rows) {
     if (r.kernels.empty()) continue;
     out << "\nkernels, " << r.test.name << " batch " << r.test.batch
-        << " (each op's choice and its host calls; docs/PROFILING.md):\n| op | shapes | kernel | calls |\n| --- | --- | --- | ---: |\n";
+        << " (each op's choice and its host calls; docs/PROFILING.md):\n| op | shapes | kernel | calls |\n| --- | --- "
+           "| --- | ---: |\n";
     for (const KernelChoice& k : r.kernels) {
       out << "| " << k.op << " | " << k.shapes << " | " << k.choice << " | " << k.calls << " |\n";
     }
@@ -234,7 +235,7 @@ std::vector<Test> make_tests(const BenchCliOptions& o) {
 
 // Why `test` cannot run on this model and device, or "" when it can.
 std::string why_not(const Test& t, const nn::TransformerConfig& c, DType dtype, Device device, size_t weight_bytes) {
-  const int64_t window = c.max_position_embeddings;
+  const int64_t window = c.context_limit();
   int64_t positions = 0, cached = 0, logits_rows = 0;
   switch (t.kind) {
     case Kind::prefill:
@@ -252,7 +253,7 @@ std::string why_not(const Test& t, const nn::TransformerConfig& c, DType dtype, 
   }
   if (positions > window) {
     return str_cat(t.name, " at batch ", t.batch, " needs ", positions, " positions; the model's window (",
-                   "max_position_embeddings) is ", window);
+                   "max_position_embeddings, or longrope's original) is ", window);
   }
   const double element = static_cast<double>(dtype_size(dtype));
   const double kv = 2.0 * static_cast<double>(c.num_layers) * static_cast<double>(t.batch) *
@@ -260,8 +261,8 @@ std::string why_not(const Test& t, const nn::TransformerConfig& c, DType dtype, 
                     static_cast<double>(c.resolved_head_dim()) * element;
   const double logits = static_cast<double>(logits_rows) * static_cast<double>(c.vocab_size) * element;
   // Activations of one layer at a time, a few hidden- and intermediate-sized buffers per token.
-  const double activations = 4.0 * static_cast<double>(logits_rows) *
-                             static_cast<double>(c.hidden_size + c.intermediate_size) * element;
+  const double activations =
+      4.0 * static_cast<double>(logits_rows) * static_cast<double>(c.hidden_size + c.intermediate_size) * element;
   double available = 0;
   if (device.is_cuda()) {
     available = static_cast<double>(cuda::device_properties(device.index).total_memory);
@@ -271,8 +272,8 @@ std::string why_not(const Test& t, const nn::TransformerConfig& c, DType dtype, 
   const double need = kv + logits + activations + static_cast<double>(weight_bytes);
   if (available > 0 && need > available) {
     return str_cat(t.name, " at batch ", t.batch, " needs about ", gibibytes(need), " (KV cache ", gibibytes(kv),
-                   ", logits ", gibibytes(logits), ", weights ", gibibytes(static_cast<double>(weight_bytes)),
-                   "); ", device.str(), " has ", gibibytes(available));
+                   ", logits ", gibibytes(logits), ", weights ", gibibytes(static_cast<double>(weight_bytes)), "); ",
+                   device.str(), " has ", gibibytes(available));
   }
   return "";
 }
@@ -445,8 +446,8 @@ void run_bench(const BenchCliOptions& o) {
       e.cuda_graphs = !o.op_times;  // events cannot bracket the ops of a replayed graph
       engine = std::make_unique<generate::Engine>(*model, e);
     } else {
-      cache = std::make_unique<generate::ContiguousKvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype,
-                                                            device);
+      cache =
+          std::make_unique<generate::ContiguousKvCache>(config, t.batch, std::max<int64_t>(capacity, 1), dtype, device);
     }
     Row row{t, {}, {}, 0, 0, {}, {}};
     clear_kernel_choices();
@@ -503,8 +504,9 @@ void run_bench(const BenchCliOptions& o) {
     if (r.op_times.empty()) continue;
     double total = 0;
     for (const OpTiming& op : r.op_times) total += op.total_ms;
-    out << "\nop times, " << r.test.name << " batch " << r.test.batch << " (per repetition; GPU time " << format_rate(total / o.reps)
-        << " ms of " << format_rate(1e3 * median(r.seconds)) << " ms wall):\n| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n";
+    out << "\nop times, " << r.test.name << " batch " << r.test.batch << " (per repetition; GPU time "
+        << format_rate(total / o.reps) << " ms of " << format_rate(1e3 * median(r.seconds))
+        << " ms wall):\n| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n";
     for (size_t i = 0; i < r.op_times.size() && i < 12; ++i) {
       const OpTiming& op = r.op_times[i];
       out << "| " << op.op << " | " << op.calls / o.reps << " | " << format_rate(op.total_ms / o.reps) << " | "
@@ -571,11 +573,10 @@ void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchCliOptions>();
   CLI::Option* model = cmd->add_option("--model", o->model, "Model directory (config.json + safetensors)")
                            ->check(CLI::ExistingDirectory);
-  CLI::Option* preset =
-      cmd->add_option("--preset", o->preset, "A preset with random weights: tiny, model-s, model-m");
-  CLI::Option* config = cmd->add_option("--config", o->config,
-                                        "A Hugging Face config.json (or its directory), random weights")
-                            ->check(CLI::ExistingPath);
+  CLI::Option* preset = cmd->add_option("--preset", o->preset, "A preset with random weights: tiny, model-s, model-m");
+  CLI::Option* config =
+      cmd->add_option("--config", o->config, "A Hugging Face config.json (or its directory), random weights")
+          ->check(CLI::ExistingPath);
   model->excludes(preset)->excludes(config);
   preset->excludes(config);
   cmd->add_option("--vocab", o->vocab, "Vocabulary size of a --preset model")->capture_default_str();
@@ -592,8 +593,9 @@ void register_bench(CLI::App& app) {
   CLI::Option* new_tokens = cmd->add_option("-n,--n-gen", o->new_tokens, "Decode tests: tokens per sequence (0: none)")
                                 ->delimiter(',')
                                 ->capture_default_str();
-  CLI::Option* batches =
-      cmd->add_option("-b,--batch", o->batches, "Batch sizes of the decode tests")->delimiter(',')->capture_default_str();
+  CLI::Option* batches = cmd->add_option("-b,--batch", o->batches, "Batch sizes of the decode tests")
+                             ->delimiter(',')
+                             ->capture_default_str();
   CLI::Option* workloads =
       cmd->add_option("--workload", o->workloads, "End-to-end workloads PROMPT:BATCH:NEW_TOKENS (none: off)")
           ->delimiter(',')
@@ -603,7 +605,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   add_trace_option(cmd, o->trace);
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)");
-  cmd->add_option("--path", o->path, "engine: the serving engine (paged KV cache, CUDA graphs); plain: forward + KvCache")
+  cmd->add_option("--path", o->path,
+                  "engine: the serving engine (paged KV cache, CUDA graphs); plain: forward + KvCache")
       ->check(CLI::IsMember({"engine", "plain"}))
       ->capture_default_str();
   cmd->add_flag("--op-times", o->op_times,

@@ -54,13 +54,15 @@ void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
   const ChatTemplate chat = tokenizer->chat_template();
   ChatOptions chat_options;  // add_generation_prompt
   if (o.no_think) {
-    if (chat.reads_variable("enable_thinking")) chat_options.enable_thinking = false;
-    else std::cerr << "warning: --no-think: the chat template reads no enable_thinking; ignored\n";
+    if (chat.reads_variable("enable_thinking"))
+      chat_options.enable_thinking = false;
+    else
+      std::cerr << "warning: --no-think: the chat template reads no enable_thinking; ignored\n";
   }
   generate::GenerateOptions options = o.options;
   options.compute_dtype = parse_dtype(o.dtype);
   prepare_generate_options(o.model, cmd, model->config(), &*tokenizer, /*chat=*/true, options);
-  const int64_t window = model->config().max_position_embeddings;
+  const int64_t window = model->config().context_limit();
 
   const bool interactive = isatty(STDIN_FILENO) != 0;
   if (interactive) {
@@ -94,7 +96,8 @@ void run_chat(const ChatCliOptions& o, const CLI::App& cmd) {
       prompt = tokenizer->encode(chat.render(history, chat_options), /*add_special_tokens=*/false);
       if (static_cast<int64_t>(prompt.size()) < window || history.size() - first_turn <= 1) break;
       const auto oldest = history.begin() + static_cast<std::ptrdiff_t>(first_turn);
-      history.erase(oldest, oldest + std::min<std::ptrdiff_t>(2, static_cast<std::ptrdiff_t>(history.size() - first_turn) - 1));
+      history.erase(oldest,
+                    oldest + std::min<std::ptrdiff_t>(2, static_cast<std::ptrdiff_t>(history.size() - first_turn) - 1));
       std::cerr << "[chat] the conversation outgrew the model's " << window << " positions: dropped the oldest turns\n";
     }
     if (static_cast<int64_t>(prompt.size()) >= window) {

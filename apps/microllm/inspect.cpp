@@ -79,8 +79,10 @@ std::string shape_text(const Shape& shape) { return shape.str(); }
 // 1000000 rather than 1e+06.
 std::string number_text(double v) {
   std::ostringstream out;
-  if (std::abs(v) < 1e15 && v == static_cast<double>(static_cast<int64_t>(v))) out << static_cast<int64_t>(v);
-  else out << v;
+  if (std::abs(v) < 1e15 && v == static_cast<double>(static_cast<int64_t>(v)))
+    out << static_cast<int64_t>(v);
+  else
+    out << v;
   return out.str();
 }
 
@@ -89,6 +91,8 @@ const char* rope_scaling_name(RopeScalingType type) {
     case RopeScalingType::none: return "none";
     case RopeScalingType::linear: return "linear";
     case RopeScalingType::llama3: return "llama3";
+    case RopeScalingType::yarn: return "yarn";
+    case RopeScalingType::longrope: return "longrope";
   }
   return "?";
 }
@@ -97,20 +101,26 @@ void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
   out << "model_type    " << c.model_type << " (" << models::architecture_of(c.model_type) << ")\n"
       << "hidden        " << c.hidden_size << ", intermediate " << c.intermediate_size << "\n"
       << "layers        " << c.num_layers << "\n"
-      << "heads         " << c.num_heads << " query, " << c.num_kv_heads << " key/value (GQA " << c.num_heads / c.num_kv_heads
-      << ":1), head_dim " << c.resolved_head_dim() << "\n"
+      << "heads         " << c.num_heads << " query, " << c.num_kv_heads << " key/value (GQA "
+      << c.num_heads / c.num_kv_heads << ":1), head_dim " << c.resolved_head_dim() << "\n"
       << "vocab         " << c.vocab_size << "\n"
       << "rope          theta " << number_text(c.rope.theta) << ", "
       << (c.rope.layout == RopeLayout::split_half ? "split-half" : "interleaved") << ", scaling "
       << rope_scaling_name(c.rope.scaling.type);
   if (c.rope.scaling.type != RopeScalingType::none) out << " (factor " << c.rope.scaling.factor;
   if (c.rope.scaling.type == RopeScalingType::llama3) {
-    out << ", low/high freq " << c.rope.scaling.low_freq_factor << "/" << c.rope.scaling.high_freq_factor
-        << ", original max positions " << c.rope.scaling.original_max_position_embeddings;
+    out << ", low/high freq " << c.rope.scaling.low_freq_factor << "/" << c.rope.scaling.high_freq_factor;
+  }
+  if (c.rope.scaling.type != RopeScalingType::none && c.rope.scaling.type != RopeScalingType::linear) {
+    out << ", original max positions " << c.rope.scaling.original_max_position_embeddings;
   }
   if (c.rope.scaling.type != RopeScalingType::none) out << ")";
+  if (c.sliding_rope) out << "; sliding layers theta " << number_text(c.sliding_rope->theta);
   out << "\n"
-      << "max positions " << c.max_position_embeddings << "\n";
+      << "max positions " << c.max_position_embeddings;
+  if (c.context_limit() < c.max_position_embeddings)
+    out << " (runs " << c.context_limit() << ": longrope's short range)";
+  out << "\n";
   int64_t windowed = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) windowed += c.window_of(layer) > 0 ? 1 : 0;
   if (windowed > 0) {
@@ -204,8 +214,10 @@ void run_inspect(const InspectOptions& o) {
     shape_width = std::max(shape_width, shape_text(rows.back()->shape).size());
   }
   out << "tensors" << (o.filter.empty() ? "" : " matching '" + o.filter + "'") << " (" << rows.size() << ")\n";
-  out << "  " << std::left << std::setw(static_cast<int>(name_width)) << "name" << "  " << std::setw(5) << "dtype"
-      << "  " << std::setw(static_cast<int>(shape_width)) << "shape" << "  " << std::right << "bytes\n";
+  out << "  " << std::left << std::setw(static_cast<int>(name_width)) << "name"
+      << "  " << std::setw(5) << "dtype"
+      << "  " << std::setw(static_cast<int>(shape_width)) << "shape"
+      << "  " << std::right << "bytes\n";
   for (const io::TensorInfo* info : rows) {
     out << "  " << std::left << std::setw(static_cast<int>(name_width)) << info->name << "  " << std::setw(5)
         << io::safetensors_dtype_name(info->dtype) << "  " << std::setw(static_cast<int>(shape_width))

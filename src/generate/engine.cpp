@@ -59,7 +59,7 @@ struct Engine::Impl {
   EngineOptions options;
   Device device;
   int64_t max_blocks_per_sequence = 0;  // the window in blocks
-  Runner runner;  // the model's weights as inference multiplies them
+  Runner runner;                        // the model's weights as inference multiplies them
   std::unique_ptr<PagedKvCache> cache;
 
   // Device state, allocated once (graphs replay these addresses).
@@ -69,7 +69,7 @@ struct Engine::Impl {
   SamplerRows sampler;  // params f32 [max_batch, 8], rng i64 [max_batch, 2], counts i32 and bias f32 [max_batch, vocab]
   int64_t sampler_columns = 0;
   Tensor greedy_params;  // f32 [8] on the device: what a row's params hold while no sequence decodes in it
-  Tensor tokens;        // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
+  Tensor tokens;         // i32 [max_batch]: the ids each decode step feeds, and where it samples the next ones
 
   // Where each step's sampled ids land on the host: host_tokens[0] and [1] i32 [max_batch], written by decode
   // steps in turn (the steps in flight are at most two: see step()) through `outbox`, their device view, and
@@ -89,7 +89,7 @@ struct Engine::Impl {
   // goes through pinned memory without waiting, so the device's queue never drains for one.
   std::optional<cuda::UploadStaging> staging;
   std::vector<std::unique_ptr<cuda::Event>> tokens_read;  // CUDA: host_tokens[i] holds its step's ids
-  std::deque<StepInFlight> in_flight;  // oldest first
+  std::deque<StepInFlight> in_flight;                     // oldest first
   // The outbox row of the next decode step (step_counter % 2, as the host counts).
   int next_buffer = 0;
 
@@ -130,7 +130,7 @@ struct Engine::Impl {
     MICROLLM_CHECK(options.kv_memory_fraction > 0 && options.kv_memory_fraction <= 1, ValueError, "engine",
                    "kv_memory_fraction must be in (0, 1], got ", options.kv_memory_fraction);
     device = model.named_parameters().front().variable->device();
-    max_blocks_per_sequence = ceil_div(config.max_position_embeddings, options.block_size);
+    max_blocks_per_sequence = ceil_div(config.context_limit(), options.block_size);
     const int64_t blocks = choose_block_count();
     if (device.is_cuda()) {
       cuda::synchronize(device.index);  // the weights were written on the default stream
@@ -175,8 +175,8 @@ struct Engine::Impl {
       prefill_inputs = Tensor::zeros({3, options.prefill_chunk}, DType::i32, device);
       prefill_table = Tensor::zeros({1, max_blocks_per_sequence}, DType::i32, device);
     }
-    scheduler = std::make_unique<Scheduler>(SchedulerLimits{options.max_batch, options.block_size, blocks,
-                                                            config.max_position_embeddings, options.prefill_chunk});
+    scheduler = std::make_unique<Scheduler>(
+        SchedulerLimits{options.max_batch, options.block_size, blocks, config.context_limit(), options.prefill_chunk});
     counters.kv_blocks_total = blocks;
     counters.block_size = options.block_size;
     if (device.is_cuda()) {
@@ -523,13 +523,17 @@ struct Engine::Impl {
                    "engine", "an upload of ", count, " elements of ", sizeof(T), " bytes into ", dst.shape(), " ",
                    dst.dtype());
     const size_t bytes = static_cast<size_t>(count) * sizeof(T);
-    if (staging) staging->upload(dst.data_ptr(), src, bytes);
-    else std::memcpy(dst.data_ptr(), src, bytes);
+    if (staging)
+      staging->upload(dst.data_ptr(), src, bytes);
+    else
+      std::memcpy(dst.data_ptr(), src, bytes);
   }
   void download(int32_t* dst, const Tensor& src, int64_t count) {
     const size_t bytes = static_cast<size_t>(count) * sizeof(int32_t);
-    if (stream) cuda::copy_async(dst, src.data_ptr(), bytes, cuda::CopyDirection::device_to_host, *stream);
-    else std::memcpy(dst, src.data_ptr(), bytes);
+    if (stream)
+      cuda::copy_async(dst, src.data_ptr(), bytes, cuda::CopyDirection::device_to_host, *stream);
+    else
+      std::memcpy(dst, src.data_ptr(), bytes);
   }
 
   // Enqueues one decode step (Scheduler::next_decode): an upload of the step's positions and slots unless the
@@ -614,8 +618,7 @@ struct Engine::Impl {
   }
 };
 
-Engine::Engine(const nn::TransformerLM& model, EngineOptions options)
-    : impl_(std::make_unique<Impl>(model, options)) {}
+Engine::Engine(const nn::TransformerLM& model, EngineOptions options) : impl_(std::make_unique<Impl>(model, options)) {}
 
 Engine::~Engine() = default;
 
@@ -689,7 +692,7 @@ EngineStats Engine::stats() const {
 const EngineOptions& Engine::options() const { return impl_->options; }
 
 int64_t Engine::max_request_tokens() const {
-  return std::min(impl_->cache->num_blocks() * impl_->options.block_size, impl_->config.max_position_embeddings);
+  return std::min(impl_->cache->num_blocks() * impl_->options.block_size, impl_->config.context_limit());
 }
 
 }  // namespace microllm::generate

@@ -38,9 +38,9 @@ class DeviceSampler {
       rows_params.insert(rows_params.end(), row.begin(), row.end());
       seeds.push_back(static_cast<int64_t>(params.seed + b));
     }
-    rows_ = make_sampler_rows(rows_params, seeds, vocab,
-                              params.penalized() ? prompts : std::vector<std::vector<int32_t>>{}, device,
-                              std::vector<LogitBias>(prompts.size(), params.bias_row()));
+    rows_ =
+        make_sampler_rows(rows_params, seeds, vocab, params.penalized() ? prompts : std::vector<std::vector<int32_t>>{},
+                          device, std::vector<LogitBias>(prompts.size(), params.bias_row()));
     ids_ = Tensor::empty({static_cast<int64_t>(prompts.size())}, DType::i32, device);
   }
 
@@ -67,8 +67,8 @@ void check_prompt(const char* op, const nn::TransformerConfig& config, const std
                    " is outside the vocabulary of ", config.vocab_size);
   }
   const auto prompt_length = static_cast<int64_t>(prompt.size());
-  MICROLLM_CHECK(prompt_length < config.max_position_embeddings, ValueError, op, "the prompt has ", prompt_length,
-                 " tokens; the model's window is ", config.max_position_embeddings);
+  MICROLLM_CHECK(prompt_length < config.context_limit(), ValueError, op, "the prompt has ", prompt_length,
+                 " tokens; the model's window is ", config.context_limit());
 }
 
 }  // namespace
@@ -82,7 +82,7 @@ std::vector<int32_t> generate(const nn::TransformerLM& model, const std::vector<
   check_prompt("generate", config, prompt);
   const Device device = model.named_parameters().front().variable->device();
   const auto prompt_length = static_cast<int64_t>(prompt.size());
-  const int64_t capacity = std::min(prompt_length + options.max_new_tokens, config.max_position_embeddings);
+  const int64_t capacity = std::min(prompt_length + options.max_new_tokens, config.context_limit());
   autograd::NoGradGuard no_grad;
   const Runner runner(model, options.compute_dtype);
   ContiguousKvCache cache(config, 1, capacity, options.compute_dtype, device);
@@ -203,7 +203,7 @@ std::vector<Generation> generate_batch(const nn::TransformerLM& model, const std
         g.finish_reason = FinishReason::eos;
       } else if (generated >= options.max_new_tokens) {
         g.finish_reason = FinishReason::length;
-      } else if (length[b] + generated > config.max_position_embeddings) {  // no position left to feed it at
+      } else if (length[b] + generated > config.context_limit()) {  // no position left to feed it at
         g.finish_reason = FinishReason::context;
       } else {
         done = false;

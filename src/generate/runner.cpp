@@ -1,5 +1,7 @@
 #include "microllm/generate/runner.h"
 
+#include <cmath>
+
 #include "microllm/autograd/variable.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
@@ -36,16 +38,16 @@ Tensor geglu(const Tensor& gate_up) {
 }
 
 LinearWeight single(const nn::Linear& linear, DType dtype) {
-  return LinearWeight::dense(in_dtype(linear.weight(), dtype), linear.bias() ? in_dtype(*linear.bias(), dtype)
-                                                                             : Tensor());
+  return LinearWeight::dense(in_dtype(linear.weight(), dtype),
+                             linear.bias() ? in_dtype(*linear.bias(), dtype) : Tensor());
 }
 
 }  // namespace
 
 Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.config()), dtype_(dtype) {
   MemoryCategoryScope memory(MemoryCategory::weights);  // weights cast to the compute dtype, decode folds
-  MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64,
-                 DTypeError, "runner", "the compute dtype must be f32, bf16, f16 or f64, got ", dtype);
+  MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64, DTypeError,
+                 "runner", "the compute dtype must be f32, bf16, f16 or f64, got ", dtype);
   embedding_ = in_dtype(model.embed_tokens().weight(), dtype);
   trace_device_ = embedding_.device().is_cuda() ? embedding_.device().index : -1;
   final_norm_ = in_dtype(model.norm().weight(), dtype);
@@ -70,6 +72,11 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
     b.gate_up = joined(layer->mlp().gate_up(), dtype);
     b.down = single(layer->mlp().down_proj(), dtype);
     b.activation = layer->mlp().activation();
+    // The caches attend with 1 / sqrt(head_dim): another scale (Gemma's query_pre_attn_scalar, yarn's attention
+    // factor) rides in q, which the rotation and the scores take linearly.
+    const nn::AttentionConfig& a = attention.config();
+    b.rope = a.rope;
+    b.q_factor = a.scale > 0 ? a.scale * std::sqrt(static_cast<double>(a.head_dim)) : 1.0;
     blocks_.push_back(std::move(b));
   }
 }
@@ -87,7 +94,8 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
     q = rms_norm(q, b.q_norm, b.eps);
     k = rms_norm(k, b.k_norm, b.eps);
   }
-  return cache.attend_projected(index, q, k, v, config_.rope, b.o, addend);
+  if (b.q_factor != 1) q = scale(q, b.q_factor);
+  return cache.attend_projected(index, q, k, v, b.rope, b.o, addend);
 }
 
 // One block over the residual stream entering it (residual + x; x alone when residual is undefined). Returns
@@ -97,7 +105,7 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
 // the MLP's RMSNorm into gate_up's kernel (then it adds it there while it stages its input): then delta is the
 // whole output and the residual undefined.
 std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor& residual,
-                                       AttentionCache& cache) const {
+                                        AttentionCache& cache) const {
   const Block& b = blocks_[static_cast<size_t>(index)];
   const bool swiglu = b.activation == nn::MlpActivation::silu;
   const bool pre = b.placement == nn::NormPlacement::pre;
@@ -124,6 +132,7 @@ std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cach
   MemoryCategoryScope memory(MemoryCategory::activations);
   MICROLLM_CHECK(ids.dim() == 2, ShapeError, "runner", "ids must be [B, T], got ", ids.shape());
   Tensor delta = embedding(embedding_, ids), residual;
+  if (config_.embedding_scale != 1) delta = scale(delta, config_.embedding_scale_in(dtype_));
   for (size_t i = 0; i < blocks_.size(); ++i) {
     std::tie(delta, residual) = block(static_cast<int>(i), delta, residual, cache);
   }
@@ -158,7 +167,9 @@ Tensor Runner::forward(const Tensor& ids, AttentionCache& cache, const LogitRows
   const Tensor h = residual.defined() ? rms_norm_residual(delta, residual, final_norm_, config_.rms_norm_eps).out
                                       : rms_norm(delta, final_norm_, config_.rms_norm_eps);
   cache.finish_forward(tokens);
-  return head_.linear(h);
+  const Tensor logits = head_.linear(h);
+  const double cap = config_.final_logit_softcap;
+  return cap > 0 ? scale(tanh(scale(logits, 1 / cap)), cap) : logits;
 }
 
 }  // namespace microllm::generate

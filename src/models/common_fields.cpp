@@ -2,7 +2,6 @@
 #include "config_reader.h"
 
 namespace microllm::models {
-namespace {
 
 void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, const std::string& field,
                        RopeScaling& out) {
@@ -20,13 +19,45 @@ void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, con
     out.low_freq_factor = s.number_or("low_freq_factor", 1.0);
     out.high_freq_factor = s.number_or("high_freq_factor", 4.0);
     out.original_max_position_embeddings = s.integer_or("original_max_position_embeddings", 8192);
+  } else if (type == "yarn") {
+    out.type = RopeScalingType::yarn;
+    out.factor = s.number("factor");
+    out.original_max_position_embeddings =
+        s.integer_or("original_max_position_embeddings", r.integer_or("max_position_embeddings", 2048));
+    out.beta_fast = s.number_or("beta_fast", 32.0);
+    out.beta_slow = s.number_or("beta_slow", 1.0);
+    out.attention_factor = s.number_or("attention_factor", 0.0);
+    s.reject("mscale", "yarn's mscale (DeepSeek) is not supported");
+    s.reject("mscale_all_dim", "yarn's mscale_all_dim (DeepSeek) is not supported");
+    MICROLLM_CHECK(s.boolean_or("truncate", true), NotSupportedError, r.origin(), "field '", field,
+                   ".truncate' = false is not supported");
+  } else if (type == "longrope") {
+    // The short factors: contexts up to original_max_position_embeddings, where transformers uses them too.
+    out.type = RopeScalingType::longrope;
+    out.original_max_position_embeddings =
+        s.integer_or("original_max_position_embeddings", r.integer_or("original_max_position_embeddings", 0));
+    MICROLLM_CHECK(out.original_max_position_embeddings > 0, ParseError, r.origin(), "field '", field,
+                   "' (longrope) needs original_max_position_embeddings");
+    out.factor = static_cast<double>(r.integer_or("max_position_embeddings", 2048)) /
+                 static_cast<double>(out.original_max_position_embeddings);
+    out.attention_factor = s.number_or("attention_factor", 0.0);
+    const auto factors = [&](const char* name) {
+      const nlohmann::json& list = s.raw(name);
+      MICROLLM_CHECK(list.is_array(), ParseError, r.origin(), "field '", field, ".", name, "' must be a list");
+      std::vector<double> out_list;
+      for (const nlohmann::json& f : list) {
+        MICROLLM_CHECK(f.is_number(), ParseError, r.origin(), "field '", field, ".", name, "' holds ", f.dump());
+        out_list.push_back(f.get<double>());
+      }
+      return out_list;
+    };
+    out.frequency_factors = factors("short_factor");
+    out.long_factors = factors("long_factor");
   } else {
     throw NotSupportedError(r.origin(), str_cat("field '", field, ".rope_type' = \"", type,
-                                                "\" is not supported (have default, linear, llama3)"));
+                                                "\" is not supported (have default, linear, llama3, yarn, longrope)"));
   }
 }
-
-}  // namespace
 
 nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type) {
   nn::TransformerConfig c;
@@ -79,6 +110,18 @@ nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::strin
   return c;
 }
 
+void read_layer_types(const ConfigReader& r, nn::TransformerConfig& c) {
+  const nlohmann::json& types = r.raw("layer_types");
+  MICROLLM_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers, ParseError, r.origin(),
+                 "field 'layer_types' must list one type for each of the ", c.num_layers, " layers");
+  for (const nlohmann::json& t : types) {
+    MICROLLM_CHECK(t == "sliding_attention" || t == "full_attention", NotSupportedError, r.origin(),
+                   "field 'layer_types' has ", t.dump(),
+                   ": only \"sliding_attention\" and \"full_attention\" are supported");
+    c.sliding_layers.push_back(t == "sliding_attention");
+  }
+}
+
 void read_sliding_window(const ConfigReader& r, SlidingWindowFields fields, nn::TransformerConfig& c) {
   const bool qwen = fields == SlidingWindowFields::qwen;
   if (qwen && !r.boolean_or("use_sliding_window", false)) return;  // sliding_window is written but unused then
@@ -90,14 +133,7 @@ void read_sliding_window(const ConfigReader& r, SlidingWindowFields fields, nn::
   MICROLLM_CHECK(c.sliding_window > 0, ParseError, r.origin(), "field 'sliding_window' must be > 0, got ",
                  c.sliding_window);
   if (r.has("layer_types")) {
-    const nlohmann::json& types = r.raw("layer_types");
-    MICROLLM_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers, ParseError, r.origin(),
-                   "field 'layer_types' must list one type for each of the ", c.num_layers, " layers");
-    for (const nlohmann::json& t : types) {
-      MICROLLM_CHECK(t == "sliding_attention" || t == "full_attention", NotSupportedError, r.origin(),
-                     "field 'layer_types' has ", t.dump(), ": only \"sliding_attention\" and \"full_attention\" are supported");
-      c.sliding_layers.push_back(t == "sliding_attention");
-    }
+    read_layer_types(r, c);
   } else if (qwen) {
     const int64_t first = r.integer_or("max_window_layers", 28);  // transformers' default
     for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers.push_back(i >= first);

@@ -26,7 +26,8 @@ class ConfigReader {
 
   int64_t integer(const char* field) const {
     const nlohmann::json& v = raw(field);
-    MICROLLM_CHECK(v.is_number_integer(), ParseError, origin_, "field '", field, "' must be an integer, got ", v.dump());
+    MICROLLM_CHECK(v.is_number_integer(), ParseError, origin_, "field '", field, "' must be an integer, got ",
+                   v.dump());
     return to_int64(v, field);
   }
   // An integer JSON value as int64_t; above INT64_MAX (parsed as unsigned) is an error, not a wrap to < 0.
@@ -74,6 +75,13 @@ class ConfigReader {
 // The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, the MLP's activation).
 nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type);
 
+// A rope_scaling (or rope_parameters) object into `out`: linear, llama3, yarn, longrope (its short factors);
+// "default" leaves `out` as it is. `field` names it in errors.
+void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, const std::string& field,
+                       RopeScaling& out);
+// layer_types: one "sliding_attention" or "full_attention" per layer, into c.sliding_layers.
+void read_layer_types(const ConfigReader& r, nn::TransformerConfig& c);
+
 // Sliding-window attention as transformers reads it: `layer_types` ("sliding_attention" / "full_attention" per
 // layer) where given; else Mistral's `sliding_window` (every layer; null: none), or Qwen2/Qwen3's
 // `use_sliding_window` with `sliding_window` for the layers from `max_window_layers` on.
@@ -102,6 +110,9 @@ struct Family {
   std::function<nn::TransformerConfig(const ConfigReader&)> read;
   std::function<void(const nn::TransformerConfig&, nlohmann::json&)> write;
   std::vector<StackedWeight> stacked = {};  // the checkpoint's stacked tensors, if any
+  // The checkpoint's RMSNorm weights hold the scale minus this (Gemma: the norm scales by 1 + w): the loader adds
+  // it, save_model takes it off, so the modules hold the scale itself.
+  double norm_offset = 0;
 };
 // The family of `model_type` (NotSupportedError naming the supported ones).
 Family family_of(const std::string& model_type, const std::string& origin);
@@ -109,11 +120,13 @@ Family family_of(const std::string& model_type, const std::string& origin);
 void register_family(Family family);
 
 // The built-in families' readers and writers (one file each).
+nn::TransformerConfig read_gemma3_config(const ConfigReader& r);
 nn::TransformerConfig read_llama_config(const ConfigReader& r);
 nn::TransformerConfig read_mistral_config(const ConfigReader& r);
 nn::TransformerConfig read_phi3_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen2_config(const ConfigReader& r);
 nn::TransformerConfig read_qwen3_config(const ConfigReader& r);
+void write_gemma3_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_llama_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_mistral_config(const nn::TransformerConfig& c, nlohmann::json& j);
 void write_phi3_config(const nn::TransformerConfig& c, nlohmann::json& j);

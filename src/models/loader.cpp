@@ -9,6 +9,7 @@
 #include "config_reader.h"
 #include "microllm/io/atomic_file.h"
 #include "microllm/models/config.h"
+#include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
 
 namespace microllm::models {
@@ -25,7 +26,8 @@ struct Source {
   int64_t stacked_rows = 0;    // the rows all parts of a stacked tensor need together
 };
 
-std::map<std::string, Source> sources_of(const nn::TransformerLM& model, const std::vector<nn::ParameterInfo>& parameters,
+std::map<std::string, Source> sources_of(const nn::TransformerLM& model,
+                                         const std::vector<nn::ParameterInfo>& parameters,
                                          const io::SafetensorsCheckpoint& checkpoint) {
   const std::vector<StackedWeight> stacked = family_of(model.config().model_type, "load").stacked;
   std::map<std::string, Shape> shapes;
@@ -53,6 +55,15 @@ std::map<std::string, Source> sources_of(const nn::TransformerLM& model, const s
     }
   }
   return sources;
+}
+
+// The RMSNorm weights a family's norm offset applies to (every layer's, QK-norm's, the final norm's).
+bool is_norm_weight(const std::string& name) { return name.ends_with("norm.weight"); }
+
+// t + delta, computed in f64 and rounded once to `dtype` (on the CPU).
+Tensor offset(const Tensor& t, double delta, DType dtype) {
+  const Tensor wide = t.to(Device::cpu(), DType::f64);
+  return add(wide, Tensor::full(wide.shape(), delta, DType::f64)).to(dtype);
 }
 
 }  // namespace
@@ -102,8 +113,8 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
     const io::TensorInfo& info = checkpoint.info(s.name);
     const Shape want = stored_shape(s, p.variable->shape());
     if (info.shape != want) {
-      report.mismatched.push_back(str_cat(p.name, ": checkpoint ", s.name == p.name ? "" : s.name + " ", info.shape,
-                                          " vs model ", want));
+      report.mismatched.push_back(
+          str_cat(p.name, ": checkpoint ", s.name == p.name ? "" : s.name + " ", info.shape, " vs model ", want));
     } else if (!is_floating(info.dtype)) {
       report.mismatched.push_back(str_cat(p.name, ": checkpoint dtype ", info.dtype, " is not floating"));
     } else {
@@ -122,6 +133,7 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
     throw ValueError("load", str_cat("the checkpoint does not match the model (strict load): ", report.summary()));
   }
   Generator gen(0);
+  const double norm_offset = family_of(model.config().model_type, "load").norm_offset;
   for (const nn::ParameterInfo& p : parameters) {
     Tensor value;
     const Tensor& current = p.variable->value();
@@ -131,6 +143,8 @@ LoadReport load_weights(nn::TransformerLM& model, const io::SafetensorsCheckpoin
       Tensor stored = checkpoint.get(s.name);  // a view of the mapped file
       if (s.rows >= 0) stored = stored.narrow(0, s.row, s.rows);
       report.bytes += stored.nbytes();
+      if (norm_offset != 0 && is_norm_weight(p.name))
+        stored = offset(stored, norm_offset, options.dtype == DType::f64 ? DType::f64 : DType::f32);
       if (in_place) {
         // Already where it belongs (a resume): overwrite the values, so anything holding the parameter's
         // tensor (an optimizer) sees the loaded weights.
@@ -165,7 +179,9 @@ void save_model(const nn::TransformerLM& model, const std::string& directory, si
   fs::create_directories(directory);
   std::vector<std::pair<std::string, Tensor>> tensors;
   size_t total = 0;
-  const std::vector<StackedWeight> stacked = family_of(model.config().model_type, "save").stacked;
+  const Family family = family_of(model.config().model_type, "save");
+  const std::vector<StackedWeight>& stacked = family.stacked;
+  const double norm_offset = family.norm_offset;
   std::map<std::string, bool> written;  // parameters already written stacked
   const std::vector<nn::ParameterInfo> parameters = model.named_parameters();
   std::map<std::string, Tensor> values;
@@ -187,8 +203,10 @@ void save_model(const nn::TransformerLM& model, const std::string& directory, si
       total += tensors.back().second.nbytes();
     }
     if (written.count(p.name) > 0) continue;
-    tensors.emplace_back(p.name, p.variable->value());
-    total += p.variable->value().nbytes();
+    const Tensor& value = p.variable->value();
+    tensors.emplace_back(
+        p.name, norm_offset != 0 && is_norm_weight(p.name) ? offset(value, -norm_offset, value.dtype()) : value);
+    total += value.nbytes();
   }
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (max_shard_bytes == 0 || total <= max_shard_bytes) {

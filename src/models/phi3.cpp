@@ -1,6 +1,6 @@
-// model_type "phi3": Phi-3 (mini, medium; 4k contexts). The Llama block with q/k/v stored as one qkv_proj and
-// gate/up as one gate_up_proj (read as views, written stacked again), and a sliding window on every layer. Partial
-// rotary embeddings (Phi-4-mini) and longrope scaling (the 128k variants) are refused.
+// model_type "phi3": Phi-3 (mini, medium). The Llama block with q/k/v stored as one qkv_proj and gate/up as one
+// gate_up_proj (read as views, written stacked again), and a sliding window on every layer. The 128k variants'
+// longrope scaling runs its short factors (common_fields.cpp); partial rotary embeddings (Phi-4-mini) are refused.
 #include "config_reader.h"
 
 namespace microllm::models {

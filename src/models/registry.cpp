@@ -18,13 +18,15 @@ using json = nlohmann::json;
 std::mutex families_mutex;
 std::vector<Family>& families() {
   static std::vector<Family> all = {
+      {"gemma3_text", "Gemma3ForCausalLM", read_gemma3_config, write_gemma3_config, {}, /*norm_offset=*/1.0},
       {"llama", "LlamaForCausalLM", read_llama_config, write_llama_config},
       {"mistral", "MistralForCausalLM", read_mistral_config, write_mistral_config},
       {"phi3",
        "Phi3ForCausalLM",
        read_phi3_config,
        write_phi3_config,
-       {{"self_attn.qkv_proj.weight", {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
+       {{"self_attn.qkv_proj.weight",
+         {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}},
         {"mlp.gate_up_proj.weight", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}}}},
       {"qwen2", "Qwen2ForCausalLM", read_qwen2_config, write_qwen2_config},
       {"qwen3", "Qwen3ForCausalLM", read_qwen3_config, write_qwen3_config},
@@ -41,7 +43,8 @@ Family family_of(const std::string& model_type, const std::string& origin) {
     if (model_type == f.model_type) return f;
     known += (known.empty() ? "" : ", ") + f.model_type;
   }
-  throw NotSupportedError(origin, str_cat("field 'model_type' = \"", model_type, "\" is not supported (have ", known, ")"));
+  throw NotSupportedError(origin,
+                          str_cat("field 'model_type' = \"", model_type, "\" is not supported (have ", known, ")"));
 }
 
 namespace {
@@ -123,15 +126,31 @@ std::string write_config(const nn::TransformerConfig& c) {
   j["hidden_act"] = activation_name(c.mlp_activation);
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope.theta;
-  switch (c.rope.scaling.type) {
+  const RopeScaling& s = c.rope.scaling;
+  switch (s.type) {
     case RopeScalingType::none: j["rope_scaling"] = nullptr; break;
-    case RopeScalingType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}}; break;
+    case RopeScalingType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}}; break;
     case RopeScalingType::llama3:
       j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", c.rope.scaling.factor},
-                           {"low_freq_factor", c.rope.scaling.low_freq_factor},
-                           {"high_freq_factor", c.rope.scaling.high_freq_factor},
-                           {"original_max_position_embeddings", c.rope.scaling.original_max_position_embeddings}};
+                           {"factor", s.factor},
+                           {"low_freq_factor", s.low_freq_factor},
+                           {"high_freq_factor", s.high_freq_factor},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+      break;
+    case RopeScalingType::yarn:
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", s.factor},
+                           {"beta_fast", s.beta_fast},
+                           {"beta_slow", s.beta_slow},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+      if (s.attention_factor > 0) j["rope_scaling"]["attention_factor"] = s.attention_factor;
+      break;
+    case RopeScalingType::longrope:
+      j["rope_scaling"] = {{"rope_type", "longrope"},
+                           {"short_factor", s.frequency_factors},
+                           {"long_factor", s.long_factors},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+      if (s.attention_factor > 0) j["rope_scaling"]["attention_factor"] = s.attention_factor;
       break;
   }
   j["max_position_embeddings"] = c.max_position_embeddings;

@@ -151,10 +151,12 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   const Variable q_heads = ag::transpose(q, 1, 2), k_heads = ag::transpose(k, 1, 2);  // [B, H, T, D]
   AttentionParams params;
   params.window = config_.window;
+  params.scale = config_.scale;
   if (ctx.taps) {
     const std::string point = str_cat(name_, ".attn_weights");
     if (ctx.taps->wants(point)) {
-      ctx.taps->record(point, microllm::attention_weights(q_heads.value(), k_heads.value(), params, ctx.attention_mask));
+      ctx.taps->record(point,
+                       microllm::attention_weights(q_heads.value(), k_heads.value(), params, ctx.attention_mask));
     }
   }
   Variable out = ag::attention(q_heads, k_heads, ag::transpose(v, 1, 2), params, ctx.attention_mask);  // [B, Hq, T, D]
@@ -162,8 +164,7 @@ Variable Attention::forward(const Variable& x, const ForwardContext& ctx) const 
   return tap(ctx, name_, "o_proj", o_proj_->forward(out, ctx));
 }
 
-Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init,
-         std::string name)
+Mlp::Mlp(int64_t hidden_size, int64_t intermediate_size, MlpActivation activation, Initializer& init, std::string name)
     : activation_(activation), name_(std::move(name)) {
   gate_proj_ = &register_module("gate_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));
   up_proj_ = &register_module("up_proj", std::make_unique<Linear>(hidden_size, intermediate_size, false, init));

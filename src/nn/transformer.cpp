@@ -1,8 +1,11 @@
 #include "microllm/nn/transformer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "microllm/autograd/functions.h"
+#include "microllm/backend/rope_math.h"
 #include "microllm/nn/taps.h"
 
 namespace microllm::nn {
@@ -27,11 +30,21 @@ void TransformerConfig::validate() const {
                  resolved_head_dim());
   MICROLLM_CHECK(rms_norm_eps > 0, ValueError, "config", "rms_norm_eps must be > 0, got ", rms_norm_eps);
   MICROLLM_CHECK(rope.theta > 0, ValueError, "config", "rope_theta must be > 0, got ", rope.theta);
+  MICROLLM_CHECK(!sliding_rope || sliding_rope->theta > 0, ValueError, "config",
+                 "the sliding layers' rope_theta must be > 0, got ", sliding_rope ? sliding_rope->theta : 0.0);
+  MICROLLM_CHECK(query_pre_attn_scalar >= 0 && embedding_scale > 0 && final_logit_softcap >= 0, ValueError, "config",
+                 "query_pre_attn_scalar (", query_pre_attn_scalar, ") and final_logit_softcapping (",
+                 final_logit_softcap, ") must be >= 0 and the embedding scale (", embedding_scale, ") > 0");
   MICROLLM_CHECK(sliding_window >= 0, ValueError, "config", "sliding_window must be >= 0 (0: none), got ",
                  sliding_window);
   MICROLLM_CHECK(sliding_layers.empty() || static_cast<int64_t>(sliding_layers.size()) == num_layers, ValueError,
                  "config", "the layer types list ", sliding_layers.size(), " layers, but num_hidden_layers is ",
                  num_layers);
+}
+
+int64_t TransformerConfig::context_limit() const {
+  if (rope.scaling.type != RopeScalingType::longrope) return max_position_embeddings;
+  return std::min(max_position_embeddings, rope.scaling.original_max_position_embeddings);
 }
 
 int64_t TransformerConfig::window_of(int64_t layer) const {
@@ -40,14 +53,23 @@ int64_t TransformerConfig::window_of(int64_t layer) const {
 }
 
 AttentionConfig TransformerConfig::attention(int64_t layer) const {
-  return AttentionConfig{hidden_size, num_heads,    num_kv_heads, resolved_head_dim(), attention_bias,
-                         qk_norm,     rms_norm_eps, rope,         window_of(layer)};
+  const int64_t window = window_of(layer);
+  const RopeParams& layer_rope = sliding_rope && window > 0 ? *sliding_rope : rope;
+  const double factor = rope_attention_factor(layer_rope.scaling);
+  const double base =
+      1 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(resolved_head_dim()));
+  return AttentionConfig{hidden_size,  num_heads,  num_kv_heads, resolved_head_dim(),   attention_bias, qk_norm,
+                         rms_norm_eps, layer_rope, window,       base * factor * factor};
+}
+
+double TransformerConfig::embedding_scale_in(DType dtype) const {
+  return Tensor::scalar(embedding_scale, dtype).to(DType::f64).item<double>();
 }
 
 int64_t TransformerConfig::num_parameters() const {
   const int64_t d = resolved_head_dim(), q = num_heads * d, kv = num_kv_heads * d;
-  int64_t layer = hidden_size * (q + 2 * kv) + q * hidden_size   // q, k, v, o projections
-                  + 3 * hidden_size * intermediate_size           // gate, up, down
+  int64_t layer = hidden_size * (q + 2 * kv) + q * hidden_size                          // q, k, v, o projections
+                  + 3 * hidden_size * intermediate_size                                 // gate, up, down
                   + (norm_placement == NormPlacement::sandwich ? 4 : 2) * hidden_size;  // the norms
   if (attention_bias) layer += q + 2 * kv;
   if (qk_norm) layer += 2 * d;
@@ -88,7 +110,8 @@ TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, boo
   config_.validate();
   Initializer init(seed, config_.initializer_range, random_init);
   auto& model = register_module("model", std::make_unique<Container>());
-  embed_tokens_ = &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, init));
+  embed_tokens_ =
+      &model.add("embed_tokens", std::make_unique<Embedding>(config_.vocab_size, config_.hidden_size, init));
   auto& layers = model.add("layers", std::make_unique<Container>());
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     layers_.push_back(
@@ -96,7 +119,8 @@ TransformerLM::TransformerLM(const TransformerConfig& config, uint64_t seed, boo
   }
   norm_ = &model.add("norm", std::make_unique<RMSNorm>(config_.hidden_size, config_.rms_norm_eps));
   if (!config_.tie_word_embeddings) {
-    lm_head_ = &register_module("lm_head", std::make_unique<Linear>(config_.hidden_size, config_.vocab_size, false, init));
+    lm_head_ =
+        &register_module("lm_head", std::make_unique<Linear>(config_.hidden_size, config_.vocab_size, false, init));
   }
 }
 
@@ -106,19 +130,22 @@ Variable TransformerLM::forward(const Tensor& ids, const ForwardContext& context
   if (!ctx.positions.defined()) {
     ctx.positions = Tensor::arange(0, static_cast<double>(ids.size(1)), 1, DType::i64, ids.device());
   }
-  Variable h;
+  Variable h, embedded = embed_tokens_->forward(ids, ctx);
+  if (config_.embedding_scale != 1) embedded = ag::scale(embedded, config_.embedding_scale_in(ctx.compute_dtype));
   if (ctx.taps) {  // the residual stream summed after each block, so that each block's output is a point
     Taps& taps = *ctx.taps;
-    h = taps("model.embed_tokens", embed_tokens_->forward(ids, ctx));
+    h = taps("model.embed_tokens", embedded);
     for (const DecoderLayer* layer : layers_) h = layer->forward(h, ctx);
     h = taps("model.norm", norm_->forward(h, ctx));
   } else {  // the stream as (delta, residual): each sum is left to the next RMSNorm's fused kernel
-    Variable delta = embed_tokens_->forward(ids, ctx), residual;
+    Variable delta = embedded, residual;
     for (const DecoderLayer* layer : layers_) std::tie(delta, residual) = layer->forward_unsummed(delta, residual, ctx);
     h = norm_->forward_residual(delta, residual, ctx).first;
   }
-  const Variable logits = lm_head_ ? lm_head_->forward(h, ctx)
-                                   : ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied
+  Variable logits = lm_head_ ? lm_head_->forward(h, ctx)
+                             : ag::linear(h, ag::cast(embed_tokens_->weight(), ctx.compute_dtype));  // tied
+  if (const double cap = config_.final_logit_softcap; cap > 0)
+    logits = ag::scale(ag::tanh(ag::scale(logits, 1 / cap)), cap);
   return ctx.taps ? (*ctx.taps)("logits", logits) : logits;
 }
 

@@ -11,22 +11,34 @@ namespace {
 
 bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
 
-void check_params(const char* op, const RopeParams& params) {
+void check_params(const char* op, const RopeParams& params, int64_t head_dim) {
   MICROLLM_CHECK(positive_finite(params.theta), ValueError, op, "theta must be a finite number > 0, got ",
                  params.theta);
   const RopeScaling& s = params.scaling;
   if (s.type == RopeScalingType::none) return;
   MICROLLM_CHECK(positive_finite(s.factor), ValueError, op, "rope scaling factor must be a finite number > 0, got ",
                  s.factor);
-  if (s.type != RopeScalingType::llama3) return;
-  MICROLLM_CHECK(positive_finite(s.low_freq_factor) && positive_finite(s.high_freq_factor), ValueError, op,
-                 "llama3 low_freq_factor and high_freq_factor must be finite numbers > 0, got ", s.low_freq_factor,
-                 " and ", s.high_freq_factor);
-  // The blend divides by their difference.
-  MICROLLM_CHECK(s.high_freq_factor != s.low_freq_factor, ValueError, op,
-                 "llama3 high_freq_factor must differ from low_freq_factor, both are ", s.low_freq_factor);
+  if (s.type == RopeScalingType::linear) return;
   MICROLLM_CHECK(s.original_max_position_embeddings > 0, ValueError, op,
-                 "llama3 original_max_position_embeddings must be > 0, got ", s.original_max_position_embeddings);
+                 "rope scaling original_max_position_embeddings must be > 0, got ", s.original_max_position_embeddings);
+  if (s.type == RopeScalingType::llama3) {
+    MICROLLM_CHECK(positive_finite(s.low_freq_factor) && positive_finite(s.high_freq_factor), ValueError, op,
+                   "llama3 low_freq_factor and high_freq_factor must be finite numbers > 0, got ", s.low_freq_factor,
+                   " and ", s.high_freq_factor);
+    // The blend divides by their difference.
+    MICROLLM_CHECK(s.high_freq_factor != s.low_freq_factor, ValueError, op,
+                   "llama3 high_freq_factor must differ from low_freq_factor, both are ", s.low_freq_factor);
+  } else if (s.type == RopeScalingType::yarn) {
+    MICROLLM_CHECK(positive_finite(s.beta_fast) && positive_finite(s.beta_slow), ValueError, op,
+                   "yarn beta_fast and beta_slow must be finite numbers > 0, got ", s.beta_fast, " and ", s.beta_slow);
+  } else if (s.type == RopeScalingType::longrope) {
+    MICROLLM_CHECK(static_cast<int64_t>(s.frequency_factors.size()) == head_dim / 2, ValueError, op,
+                   "longrope needs one factor per rotary pair (", head_dim / 2, " for head dim ", head_dim, "), got ",
+                   s.frequency_factors.size());
+    for (double f : s.frequency_factors) {
+      MICROLLM_CHECK(positive_finite(f), ValueError, op, "longrope factors must be finite numbers > 0, got ", f);
+    }
+  }
 }
 
 }  // namespace
@@ -45,7 +57,7 @@ Tensor checks::rope_positions(const char* op, const Tensor& x, const char* x_nam
   const bool shared = positions.dim() == 1 && positions.size(0) == seq;
   MICROLLM_CHECK(per_batch || shared, ShapeError, op, "positions shape ", positions.shape(), " must be [", batch, ", ",
                  seq, "] or [", seq, "] for ", x_name, " shape ", x.shape());
-  check_params(op, params);
+  check_params(op, params, x.size(3));
   return shared ? positions.unsqueeze(0).expand({batch, seq}) : positions;
 }
 
@@ -73,7 +85,7 @@ Tensor rope_backward(const Tensor& grad_out, const Tensor& positions, const Rope
 std::vector<float> rope_inv_freq(const RopeParams& params, int64_t head_dim) {
   MICROLLM_CHECK(head_dim > 0 && head_dim % 2 == 0, ValueError, "rope_inv_freq", "head_dim must be even and > 0, got ",
                  head_dim);
-  check_params("rope_inv_freq", params);
+  check_params("rope_inv_freq", params, head_dim);
   return rope_inv_freq_as<float>(params, head_dim);
 }
 

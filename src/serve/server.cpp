@@ -183,13 +183,16 @@ struct Server::Impl {
       }
     }
     if (prompt.empty()) {
-      if (config.bos_token_id >= 0) prompt.push_back(static_cast<int32_t>(config.bos_token_id));
-      else if (tokenizer && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
-      else throw ApiError(400, "the prompt is empty and the model has no bos token", "invalid_request_error", param);
+      if (config.bos_token_id >= 0)
+        prompt.push_back(static_cast<int32_t>(config.bos_token_id));
+      else if (tokenizer && tokenizer->bos_id())
+        prompt.push_back(*tokenizer->bos_id());
+      else
+        throw ApiError(400, "the prompt is empty and the model has no bos token", "invalid_request_error", param);
     }
-    if (static_cast<int64_t>(prompt.size()) >= config.max_position_embeddings) {
+    if (static_cast<int64_t>(prompt.size()) >= config.context_limit()) {
       throw ApiError(400,
-                     str_cat("This model's maximum context length is ", config.max_position_embeddings,
+                     str_cat("This model's maximum context length is ", config.context_limit(),
                              " tokens; the prompt has ", prompt.size(), " tokens, which leaves no room to generate."),
                      "invalid_request_error", param, "context_length_exceeded");
     }
@@ -206,7 +209,7 @@ struct Server::Impl {
     job->prompt = prompt_of(r);
     // max_tokens past the window is cut to what fits beside the prompt.
     const int64_t wanted = r.max_tokens.value_or(r.endpoint == Endpoint::completions ? 16 : options.default_max_tokens);
-    job->max_tokens = std::min(wanted, config.max_position_embeddings - static_cast<int64_t>(job->prompt.size()));
+    job->max_tokens = std::min(wanted, config.context_limit() - static_cast<int64_t>(job->prompt.size()));
     generate::SamplingParams& s = job->sampling;
     s.temperature = r.temperature;
     s.top_p = r.top_p;
@@ -471,8 +474,8 @@ struct Server::Impl {
     errno = 0;
     if (options.port == 0) {
       bound_port = http.bind_to_any_port(options.host);
-      MICROLLM_CHECK(bound_port > 0, IoError, "serve", "cannot bind ", options.host, " (any port): ",
-                     errno ? std::strerror(errno) : "unknown error");
+      MICROLLM_CHECK(bound_port > 0, IoError, "serve", "cannot bind ", options.host,
+                     " (any port): ", errno ? std::strerror(errno) : "unknown error");
     } else {
       MICROLLM_CHECK(http.bind_to_port(options.host, options.port), IoError, "serve", "cannot bind ", options.host, ":",
                      options.port, ": ",

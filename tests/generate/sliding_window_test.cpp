@@ -1,8 +1,8 @@
 // Sliding-window attention through every inference path: a random Mistral-style model whose window (4 keys) is far
 // shorter than the text generates the same greedy tokens through the training graph (full forwards), generate()
 // over the contiguous KV cache, and the serving engine's paged cache (chunked prefill, batched decode). The window
-// changes the logits, so a path that ignored it would differ. transformers' own logits for such a model are the
-// golden test (tools/oracle).
+// changes the logits, so a path that ignored it would differ; so do Gemma 3's block and yarn's rotary scaling.
+// transformers' own logits for such models are the golden tests (tools/oracle).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,24 +46,27 @@ std::vector<int32_t> training_graph_greedy(const nn::TransformerLM& model, std::
   return out;
 }
 
-TEST(SlidingWindow, TrainingGraphGenerateAndTheEngineAgree) {
-  const uint64_t seed = testing::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  nn::TransformerLM model(windowed_config(4), seed);
-  model.to(DType::f64);
-  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 3, 88, 41, 9, 60, 2, 33}, {71, 12, 4}};
-  const int64_t n = 14;
+const std::vector<std::vector<int32_t>> kPrompts = {{5, 17, 3, 88, 41, 9, 60, 2, 33}, {71, 12, 4}};
 
-  // The window matters here: the same weights without it give other logits after the window fills.
-  nn::TransformerConfig full_config = windowed_config(0);
-  nn::TransformerLM full(full_config, seed);
-  full.to(DType::f64);
-  const std::vector<double> windowed = testing::host_values(last_logits(model, prompts[0]));
-  const std::vector<double> unwindowed = testing::host_values(last_logits(full, prompts[0]));
+// The largest logit difference after prompt 0 between a model of `config` and one of `plain` with the same seed:
+// what the config's features change (a path that ignored them would give the plain logits).
+double feature_effect(const nn::TransformerConfig& config, const nn::TransformerConfig& plain, uint64_t seed) {
+  nn::TransformerLM a(config, seed), b(plain, seed);
+  a.to(DType::f64);
+  b.to(DType::f64);
+  const std::vector<double> x = testing::host_values(last_logits(a, kPrompts[0]));
+  const std::vector<double> y = testing::host_values(last_logits(b, kPrompts[0]));
   double largest = 0;
-  for (size_t i = 0; i < windowed.size(); ++i) largest = std::max(largest, std::abs(windowed[i] - unwindowed[i]));
-  EXPECT_GT(largest, 1e-3) << "the window does not change the logits: the test could not fail";
+  for (size_t i = 0; i < x.size(); ++i) largest = std::max(largest, std::abs(x[i] - y[i]));
+  return largest;
+}
 
+// The same greedy tokens from the training graph (full forwards), generate() and the serving engine.
+void expect_every_path_agrees(const nn::TransformerConfig& config, uint64_t seed) {
+  nn::TransformerLM model(config, seed);
+  model.to(DType::f64);
+  const std::vector<std::vector<int32_t>>& prompts = kPrompts;
+  const int64_t n = 14;
   std::vector<std::vector<int32_t>> reference;
   for (const auto& prompt : prompts) reference.push_back(training_graph_greedy(model, prompt, n));
 
@@ -86,6 +89,52 @@ TEST(SlidingWindow, TrainingGraphGenerateAndTheEngineAgree) {
   }
   engine.run_until_idle();
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(served[i], reference[i]) << "engine, prompt " << i;
+}
+
+TEST(SlidingWindow, TrainingGraphGenerateAndTheEngineAgree) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // The window matters here: the same weights without it give other logits after the window fills.
+  EXPECT_GT(feature_effect(windowed_config(4), windowed_config(0), seed), 1e-3)
+      << "the window does not change the logits: the test could not fail";
+  expect_every_path_agrees(windowed_config(4), seed);
+}
+
+// Gemma 3's block (sandwich norms, QK-norm, GELU-tanh, scaled embeddings, query_pre_attn_scalar, the sliding layers'
+// own rotary base, soft-capped logits) and yarn's rotary scaling, through every path.
+TEST(FamilyFeatures, GemmaBlockAndYarnRunTheSameOnEveryPath) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  nn::TransformerConfig gemma = windowed_config(4);
+  gemma.model_type = "gemma3_text";
+  gemma.norm_placement = nn::NormPlacement::sandwich;
+  gemma.qk_norm = true;
+  gemma.mlp_activation = nn::MlpActivation::gelu_tanh;
+  gemma.head_dim = 12;
+  gemma.embedding_scale = std::sqrt(32.0);
+  gemma.query_pre_attn_scalar = 20;
+  gemma.final_logit_softcap = 3.0;
+  gemma.rope.theta = 1e6;
+  gemma.sliding_rope = RopeParams{};
+  gemma.sliding_rope->theta = 100;
+  for (auto change :
+       std::vector<void (*)(nn::TransformerConfig&)>{[](nn::TransformerConfig& c) { c.embedding_scale = 1; },
+                                                     [](nn::TransformerConfig& c) { c.query_pre_attn_scalar = 0; },
+                                                     [](nn::TransformerConfig& c) { c.final_logit_softcap = 0; },
+                                                     [](nn::TransformerConfig& c) { c.sliding_rope.reset(); }}) {
+    nn::TransformerConfig plain = gemma;
+    change(plain);
+    EXPECT_GT(feature_effect(gemma, plain, seed), 1e-3) << "a feature that does not change the logits";
+  }
+  expect_every_path_agrees(gemma, seed);
+
+  nn::TransformerConfig yarn = windowed_config(0);
+  yarn.model_type = "qwen2";
+  yarn.rope.scaling.type = RopeScalingType::yarn;
+  yarn.rope.scaling.factor = 4;
+  yarn.rope.scaling.original_max_position_embeddings = 16;
+  EXPECT_GT(feature_effect(yarn, windowed_config(0), seed), 1e-3);
+  expect_every_path_agrees(yarn, seed);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 //   - in bf16 (weights and compute), logits within max(2e-2, 1.5 x transformers' own bf16 error) relative
 //     error (||a - b|| / ||b||) of the float32 "logits" (transformers' bf16 logits are "logits_bf16"),
 //   - the same 32 greedy tokens ("greedy_tokens") after "greedy_prompt" through the generate layer (KV cache,
-//     temperature 0, no stop ids) in float32.
+//     temperature 0, no stop ids) in float32;
+//   - the mean cross-entropy against "targets" and its gradients ("grad/<parameter>") within 1e-4 relative error.
 // A missing fixture directory skips, naming the oracle command.
 #include <gtest/gtest.h>
 
@@ -28,8 +29,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kCases = {"qwen2",   "qwen3",          "llama3",       "llama_linear",
-                                         "mistral", "mistral_window", "qwen2_window", "phi3"};
+const std::vector<std::string> kCases = {"qwen2",         "qwen3",          "llama3",       "llama_linear",
+                                         "mistral",       "mistral_window", "qwen2_window", "phi3",
+                                         "phi3_longrope", "qwen2_yarn",     "gemma3"};
+
+// The model_type each case's config.json names.
+std::string model_type_of(const std::string& name) {
+  if (name.starts_with("llama")) return "llama";
+  if (name == "gemma3") return "gemma3_text";
+  return name.substr(0, name.find('_'));
+}
 
 fs::path fixture_dir(const std::string& name) { return fs::path(MICROLLM_SOURCE_DIR) / "tests/fixtures/models" / name; }
 
@@ -69,7 +78,7 @@ class HfGoldenTest : public ::testing::TestWithParam<Param> {
   LoadedModel load(DType dtype) const {
     LoadedModel loaded = load_model(dir().string(), {device(), dtype, /*strict=*/true});
     EXPECT_TRUE(loaded.report.clean()) << loaded.report.summary();
-    EXPECT_EQ(loaded.model->config().model_type, name() == "llama3" || name() == "llama_linear" ? "llama" : name());
+    EXPECT_EQ(loaded.model->config().model_type, model_type_of(name()));
     return loaded;
   }
 };
@@ -119,6 +128,30 @@ TEST_P(HfGoldenTest, GreedyTokensMatchTransformers) {
   EXPECT_EQ(got, expected) << name() << " (the oracle's smallest top-2 gap on this path: "
                            << (file.contains("greedy_min_margin") ? file.get("greedy_min_margin").item<double>() : -1)
                            << ")";
+}
+
+// The mean cross-entropy against "targets" and its gradient of the parameters the golden keeps ("grad/<name>":
+// the embedding table, the 1-D parameters, the last layer's o_proj and down_proj), in float32.
+TEST_P(HfGoldenTest, LossGradientsMatchTransformers) {
+  const io::SafetensorsFile file = golden();
+  if (!file.contains("loss")) GTEST_SKIP() << "golden.safetensors has no loss and gradients (an older oracle)";
+  const LoadedModel loaded = load(DType::f32);
+  nn::ForwardContext ctx;
+  const autograd::Variable loss = loaded.model->loss(file.get("input_ids").to(DType::i64).to(device()),
+                                                     file.get("targets").to(DType::i64).to(device()), ctx);
+  loss.backward();
+  const double expected_loss = file.get("loss").item<float>();
+  EXPECT_NEAR(loss.value().to(Device::cpu(), DType::f64).item<double>(), expected_loss, 1e-5 * expected_loss);
+  int compared = 0;
+  for (const nn::ParameterInfo& p : loaded.model->named_parameters()) {
+    const std::string key = "grad/" + p.name;
+    if (!file.contains(key)) continue;
+    ASSERT_TRUE(p.variable->grad().defined()) << p.name << " has no gradient";
+    EXPECT_LE(testing::relative_error(p.variable->grad().to(Device::cpu(), DType::f32), file.get(key)), 1e-4)
+        << name() << ": " << p.name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 2 * loaded.model->config().num_layers + 3) << "too few gradients compared";
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

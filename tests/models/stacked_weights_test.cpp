@@ -1,11 +1,12 @@
-// A family whose checkpoint stacks parameters (Phi-3: qkv_proj holds q, k, v; gate_up_proj holds gate, up): saved
-// stacked as transformers writes them, loaded back into the same values, and the same forward as the Llama block
-// with those weights unstacked. A stacked tensor with the wrong rows is a mismatch naming it. transformers' logits for
-// a Phi-3 folder are the golden test (tools/oracle/model_golden.py, case phi3).
+// Checkpoint layouts a family rewrites. A family whose checkpoint stacks parameters (Phi-3: qkv_proj holds q, k, v;
+// gate_up_proj holds gate, up): saved stacked as transformers writes them, loaded back into the same values, and the
+// same forward as the Llama block with those weights unstacked. A stacked tensor with the wrong rows is a mismatch
+// naming it. Gemma's norm weights, stored as the scale minus 1. transformers' logits for Phi-3 and Gemma 3 folders are
+// the golden tests (tools/oracle/model_golden.py, cases phi3 and gemma3).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "microllm/autograd/variable.h"
@@ -106,7 +107,49 @@ TEST(StackedWeights, Phi3ConfigsReadAsTransformersWritesThem) {
   EXPECT_THROW(read_config(partial), NotSupportedError);
   std::string longrope = json;
   longrope.replace(longrope.find("\"rope_scaling\": null"), 20, R"("rope_scaling": {"type": "longrope"})");
-  EXPECT_THROW(read_config(longrope), NotSupportedError);
+  EXPECT_THROW(read_config(longrope), ParseError);  // no original_max_position_embeddings, no factors
+}
+
+// Gemma's checkpoints hold each RMSNorm weight as its scale minus 1 (the norm multiplies by 1 + w): the loaded
+// modules hold the scale, and a saved folder holds w again.
+TEST(NormOffset, Gemma3NormWeightsLoadAsTheirScaleAndSaveAsTransformersStoresThem) {
+  nn::TransformerConfig c = phi3_config();
+  c.model_type = "gemma3_text";
+  c.norm_placement = nn::NormPlacement::sandwich;
+  c.qk_norm = true;
+  c.mlp_activation = nn::MlpActivation::gelu_tanh;
+  c.tie_word_embeddings = true;
+  c.embedding_scale = std::sqrt(32.0);
+  c.query_pre_attn_scalar = 8;
+  nn::TransformerLM model(c, testing::fresh_seed());
+  for (const nn::ParameterInfo& p : model.named_parameters()) {  // norm scales away from their initial 1
+    if (p.name.ends_with("norm.weight"))
+      *p.variable =
+          nn::Variable(testing::random_tensor(p.variable->shape(), DType::f32, Device::cpu(), 0.5, 1.5), true);
+  }
+  const fs::path dir = fresh_dir("gemma3");
+  save_model(model, dir.string());
+  const io::SafetensorsCheckpoint checkpoint = io::SafetensorsCheckpoint::open(dir.string());
+  int norms = 0;
+  for (const nn::ParameterInfo& p : model.named_parameters()) {
+    const std::vector<double> scale = testing::host_values(p.variable->value());
+    std::vector<double> stored = testing::host_values(checkpoint.get(p.name));
+    if (p.name.ends_with("norm.weight")) {
+      for (double& w : stored) w += 1;
+      ++norms;
+    }
+    for (size_t i = 0; i < scale.size(); ++i) EXPECT_NEAR(stored[i], scale[i], 1e-6) << p.name;
+  }
+  EXPECT_EQ(norms, 2 * 6 + 1);  // four sandwich norms and QK-norm's two per layer, the final norm
+  LoadedModel loaded = load_model(dir.string(), {.dtype = DType::f32, .strict = true});
+  EXPECT_TRUE(loaded.report.clean()) << loaded.report.summary();
+  EXPECT_EQ(loaded.model->config().model_type, "gemma3_text");
+  for (const nn::ParameterInfo& p : model.named_parameters()) {
+    const std::vector<double> back = testing::host_values(loaded.model->find_parameter(p.name)->value());
+    const std::vector<double> want = testing::host_values(p.variable->value());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(back[i], want[i], 1e-6) << p.name;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

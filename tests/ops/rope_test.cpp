@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -45,6 +46,25 @@ RopeParams llama3_params(RopeLayout layout = RopeLayout::split_half) {
   return p;
 }
 
+// yarn (Qwen2.5's long-context settings, scaled down: D = 16 has kept, divided and ramped frequencies).
+RopeParams yarn_params(RopeLayout layout = RopeLayout::split_half) {
+  RopeParams p = plain_params(layout);
+  p.scaling.type = RopeScalingType::yarn;
+  p.scaling.factor = 4.0;
+  p.scaling.original_max_position_embeddings = 2048;
+  return p;
+}
+
+// longrope: one divisor per rotary pair (D = 16: 8 of them).
+RopeParams longrope_params(RopeLayout layout = RopeLayout::split_half) {
+  RopeParams p = plain_params(layout);
+  p.scaling.type = RopeScalingType::longrope;
+  p.scaling.original_max_position_embeddings = 4096;
+  p.scaling.factor = 32;
+  for (int i = 0; i < 8; ++i) p.scaling.frequency_factors.push_back(1.0 + 0.37 * i * i);
+  return p;
+}
+
 // transformers' rope init functions in f64, in the if/else form of Meta's apply_scaling.
 std::vector<double> reference_inv_freq(const RopeParams& p, int64_t dim, int* bands_hit = nullptr) {
   std::vector<double> freq;
@@ -70,6 +90,24 @@ std::vector<double> reference_inv_freq(const RopeParams& p, int64_t dim, int* ba
       }
     }
     if (bands_hit) *bands_hit = hit[0] + hit[1] + hit[2];
+  } else if (s.type == RopeScalingType::yarn) {
+    // Pair i keeps its frequency below the dimension where it turns beta_fast times over the original context,
+    // is divided by factor above the one where it turns beta_slow times, and blends linearly between.
+    const double old = static_cast<double>(s.original_max_position_embeddings);
+    const auto dim_of = [&](double turns) {
+      return dim * std::log(old / (turns * 2 * M_PI)) / (2 * std::log(p.theta));
+    };
+    const double low = std::max(0.0, std::floor(dim_of(s.beta_fast)));
+    const double high = std::min(static_cast<double>(dim - 1), std::ceil(dim_of(s.beta_slow)));
+    bool hit[3] = {false, false, false};
+    for (size_t i = 0; i < freq.size(); ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      hit[ramp == 0 ? 0 : ramp == 1 ? 1 : 2] = true;
+      freq[i] = freq[i] / s.factor * ramp + freq[i] * (1 - ramp);
+    }
+    if (bands_hit) *bands_hit = hit[0] + hit[1] + hit[2];
+  } else if (s.type == RopeScalingType::longrope) {
+    for (size_t i = 0; i < freq.size(); ++i) freq[i] /= s.frequency_factors[i];
   }
   return freq;
 }
@@ -176,9 +214,11 @@ TEST_P(RopeTest, InverseFrequenciesMatchHuggingFace) {
   int bands = 0;
   reference_inv_freq(llama3_params(), 16, &bands);
   ASSERT_EQ(bands, 3) << "the llama3 test settings must reach the kept, the divided and the blended band";
+  reference_inv_freq(yarn_params(), 16, &bands);
+  ASSERT_EQ(bands, 3) << "the yarn test settings must reach the kept, the divided and the ramped pairs";
   RopeParams short_ctx = llama3_params();  // other factors, and a context where D = 128 has every band
   short_ctx.scaling = {RopeScalingType::llama3, 4.0, 2.0, 6.0, 4096};
-  for (const RopeParams& p : {plain_params(), linear_params(), llama3_params(), short_ctx}) {
+  for (const RopeParams& p : {plain_params(), linear_params(), llama3_params(), short_ctx, yarn_params()}) {
     for (int64_t dim : {16, 64, 128}) {
       const std::vector<float> got = rope_inv_freq(p, dim);
       const std::vector<double> ref = reference_inv_freq(p, dim);
@@ -189,6 +229,10 @@ TEST_P(RopeTest, InverseFrequenciesMatchHuggingFace) {
       }
     }
   }
+  const std::vector<float> longrope = rope_inv_freq(longrope_params(), 16);
+  const std::vector<double> longrope_ref = reference_inv_freq(longrope_params(), 16);
+  for (size_t i = 0; i < longrope_ref.size(); ++i) EXPECT_NEAR(longrope[i], longrope_ref[i], 1e-5 * longrope_ref[i]);
+  EXPECT_THROW(rope_inv_freq(longrope_params(), 32), ValueError);  // 8 factors for 16 pairs
 }
 
 TEST_P(RopeTest, MatchesReferenceOnEveryDtypeLayoutAndScaling) {
@@ -196,7 +240,8 @@ TEST_P(RopeTest, MatchesReferenceOnEveryDtypeLayoutAndScaling) {
   int variant = 0;
   for (DType dtype : kFloatTypes) {
     for (RopeLayout layout : kLayouts) {
-      for (const RopeParams& p : {plain_params(layout), linear_params(layout), llama3_params(layout)}) {
+      for (const RopeParams& p : {plain_params(layout), linear_params(layout), llama3_params(layout),
+                                  yarn_params(layout), longrope_params(layout)}) {
         const Tensor x = random_tensor(shape, dtype, device(), -2, 2);
         // [B, T] positions (different per batch, i64) or [T] positions from an offset (i32), both != 0-based.
         const bool per_batch = variant % 2 == 0;

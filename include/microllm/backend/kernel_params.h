@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace microllm {
 
@@ -17,8 +18,7 @@ enum class UnaryOp : uint8_t {
 const char* unary_op_name(UnaryOp op);
 
 // Arithmetic keeps the input dtype; comparisons return u8 (1 true, 0 false).
-#define MICROLLM_BINARY_OPS(X) \
-  X(add) X(sub) X(mul) X(div) X(maximum) X(minimum) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+#define MICROLLM_BINARY_OPS(X) X(add) X(sub) X(mul) X(div) X(maximum) X(minimum) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
 
 enum class BinaryOp : uint8_t {
 #define MICROLLM_ENUM_ENTRY(name) name,
@@ -43,14 +43,24 @@ enum class RopeLayout : uint8_t {
   interleaved,  // (2i, 2i + 1): GPT-J, the original RoFormer, Meta's reference Llama
 };
 
-enum class RopeScalingType : uint8_t { none, linear, llama3 };
+enum class RopeScalingType : uint8_t { none, linear, llama3, yarn, longrope };
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::none;
-  double factor = 1.0;            // linear and llama3
+  double factor = 1.0;            // linear, llama3, yarn; longrope: max_position_embeddings / original
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn, longrope
+  double beta_fast = 32.0;                          // yarn: the ramp between extrapolated and interpolated frequencies
+  double beta_slow = 1.0;
+  // yarn, longrope: transformers scales cos and sin by it; here the attention's scale takes its square
+  // (rope_attention_factor), the rotation stays a rotation. 0: the default from factor.
+  double attention_factor = 0.0;
+  std::vector<double> frequency_factors = {};  // longrope: frequency i divided by factor i (short_factor), D/2 of them
+  // longrope's long_factor, kept to be written back: past original_max_position_embeddings transformers turns
+  // every position by these instead, which a KV cache cannot follow; those contexts are refused
+  // (TransformerConfig::context_limit).
+  std::vector<double> long_factors = {};
 };
 
 struct RopeParams {
@@ -61,8 +71,8 @@ struct RopeParams {
 
 struct AttentionParams {
   bool causal = true;
-  double scale = 0;       // 0 means 1 / sqrt(head_dim)
-  int64_t q_offset = 0;   // absolute position of query row 0 (keys 0..S-1): q_offset = S - T with a KV cache
+  double scale = 0;      // 0 means 1 / sqrt(head_dim)
+  int64_t q_offset = 0;  // absolute position of query row 0 (keys 0..S-1): q_offset = S - T with a KV cache
   // Sliding window (causal only): the query at position p sees keys p - window + 1 .. p, `window` keys with
   // itself, as transformers' sliding_window; 0: every earlier key.
   int64_t window = 0;

@@ -54,6 +54,8 @@ class Runner {
     LinearWeight qkv, o, gate_up, down;
     Tensor q_norm, k_norm;  // QK-norm weights, or undefined
     nn::MlpActivation activation;
+    RopeParams rope;      // the layer's rotary embedding
+    double q_factor = 1;  // q multiplied by it where the layer's score scale is not 1 / sqrt(head_dim)
   };
   // The embedding and every block: the residual stream as (delta, residual), each sum left to the next norm.
   std::pair<Tensor, Tensor> layers(const Tensor& ids, AttentionCache& cache) const;

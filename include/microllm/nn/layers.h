@@ -118,6 +118,7 @@ struct AttentionConfig {
   double rms_norm_eps = 1e-6;
   RopeParams rope;
   int64_t window = 0;  // sliding window: each query sees its `window` latest keys; 0: every earlier key
+  double scale = 0;    // the scores' scale; 0: 1 / sqrt(head_dim)
 };
 
 class Attention : public Module {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,11 +39,27 @@ struct TransformerConfig {
   // itself included, in the layers marked in sliding_layers (empty: every layer); 0: no window.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // The sliding layers' own rotary embedding where it differs from `rope` (Gemma 3's rope_local_base_freq).
+  std::optional<RopeParams> sliding_rope;
+  // Gemma: attention scores scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (0: head_dim's).
+  double query_pre_attn_scalar = 0;
+  // Gemma: the embeddings multiplied by this (sqrt(hidden_size)), rounded to the compute dtype as transformers
+  // rounds it; the tied head reads the table unscaled.
+  double embedding_scale = 1;
+  // Logits squashed to cap * tanh(logits / cap) (Gemma's final_logit_softcapping); 0: none.
+  double final_logit_softcap = 0;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
+  // The longest context the model runs: max_position_embeddings, or with longrope scaling its
+  // original_max_position_embeddings (the short factors' range; see RopeScaling::long_factors).
+  int64_t context_limit() const;
   // Layer `layer`'s window (0: full attention).
   int64_t window_of(int64_t layer) const;
+  // Layer `layer`'s attention: its window, its rotary embedding and its score scale (with the rotary scaling's
+  // attention factor, squared: transformers scales q and k by it).
   AttentionConfig attention(int64_t layer = 0) const;
+  // embedding_scale rounded to `dtype`, as the forward multiplies by it.
+  double embedding_scale_in(DType dtype) const;
   // The number of weights a TransformerLM of this config holds (tied embeddings counted once).
   int64_t num_parameters() const;
   // Throws ValueError naming the field when the numbers cannot make a model.
