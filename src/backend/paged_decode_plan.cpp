@@ -15,12 +15,10 @@ int group_of(const DecodeShape& s) { return s.q_heads / s.kv_heads; }
 
 // The staged kernel's 16-byte copies need unit stride along D and every row 16-byte aligned; its key-slice
 // shuffles need D / 8 to divide a warp (D = 8, 16, ..., 256). Then the grid's x extent (one query head a CTA at
-// most: tokens x q heads) and the combine kernel's split limit. No sliding window: the staged kernels attend to every
-// key of the context.
+// most: tokens x q heads) and the combine kernel's split limit.
 bool staged_fits(const DecodeShape& s) {
   const bool dim_ok = s.dim % 8 == 0 && s.dim <= kMaxFastDim && s.dim >= 8 && 32 % (s.dim / 8) == 0;
-  return dim_ok && s.window == 0 && s.aligned_pools && s.tokens * s.q_heads < (int64_t{1} << 31) &&
-         ceil_div(s.max_context, 32) <= kMaxSplits;
+  return dim_ok && s.aligned_pools && s.tokens * s.q_heads < (int64_t{1} << 31) && ceil_div(s.keys(), 32) <= kMaxSplits;
 }
 
 // A staged key's row pitch in elements (its K or V row and 16 bytes, so rows start on other banks) and the bytes
@@ -38,9 +36,9 @@ size_t size_staged(DecodePlan& p, const DecodeShape& s, int R, int64_t chunk) {
   return static_cast<size_t>(p.stage_bytes) + static_cast<size_t>(R * (s.dim + chunk) + 2 * R + chunk) * sizeof(float);
 }
 
-// The staged kernel's key loop for R rows a CTA, from what the host knows only (tokens, heads, max_context): the
-// same grid on every replay. One split when max_context fits a chunk (no combine); past it, splits that give the
-// grid kSplitCtasPerSm CTAs an SM, each at least kMinSplitChunk keys.
+// The staged kernel's key loop for R rows a CTA, from what the host knows only (tokens, heads, keys(): max_context
+// or the window): the same grid on every replay. One split when the keys fit a chunk (no combine); past it, splits
+// that give the grid kSplitCtasPerSm CTAs an SM, each at least kMinSplitChunk keys.
 size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
   p.rows_per_cta = R;
   p.row_blocks = static_cast<int>(ceil_div(group_of(s), R));
@@ -48,14 +46,14 @@ size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
   const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / staged_key_bytes(s)) / 32 * 32);
   const int64_t base_ctas = s.tokens * s.kv_heads * p.row_blocks;
   int64_t chunk = cap;
-  if (s.max_context <= cap) {
-    chunk = round_up(s.max_context, 32);
+  if (s.keys() <= cap) {
+    chunk = round_up(s.keys(), 32);
   } else {
     const int64_t want_splits = std::max<int64_t>(1, ceil_div(int64_t{kSplitCtasPerSm} * sms, base_ctas));
-    chunk = std::clamp<int64_t>(round_up(ceil_div(s.max_context, want_splits), 32),
-                                std::min<int64_t>(kMinSplitChunk, cap), cap);
+    chunk =
+        std::clamp<int64_t>(round_up(ceil_div(s.keys(), want_splits), 32), std::min<int64_t>(kMinSplitChunk, cap), cap);
   }
-  p.n_split = static_cast<int>(ceil_div(s.max_context, chunk));
+  p.n_split = static_cast<int>(ceil_div(s.keys(), chunk));
   return size_staged(p, s, R, chunk);
 }
 
@@ -65,7 +63,7 @@ size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
 // eighth of the score and P.V work and the group's heads run side by side (their shared K/V rows come from L2).
 bool one_head_per_cta(const DecodeShape& s, int sms) {
   const int64_t grouped_ctas = s.tokens * s.kv_heads * ceil_div(group_of(s), kRowsPerCta);
-  return group_of(s) > 1 && grouped_ctas < sms && s.max_context <= kMaxChunk;
+  return group_of(s) > 1 && grouped_ctas < sms && s.keys() <= kMaxChunk;
 }
 
 // The o projection's share of a token's work in a cluster kernel of cluster_ctas CTAs: `replicas` clusters a token
@@ -156,7 +154,7 @@ std::optional<DecodePlan> token_cluster(const DecodeShape& s, const DeviceLimits
   }
   const int slices = kMaxClusterCtas / s.kv_heads;
   if (slices < group_of(s)) return {};  // CTA h merges query head h: a CTA for every query head
-  const int64_t chunk = round_up(ceil_div(s.max_context, slices), 32);
+  const int64_t chunk = round_up(ceil_div(s.keys(), slices), 32);
   if (chunk > (s.tensor_cores ? kMaxTokenClusterChunk : int64_t{kMaxChunk})) return {};
   DecodePlan p;
   p.kernel = DecodeKernel::token_cluster;
@@ -176,7 +174,7 @@ std::optional<DecodePlan> head_clusters(const DecodeShape& s, const DeviceLimits
   }
   const int slices = kMaxClusterCtas;
   if (slices < group_of(s)) return {};  // CTA h merges query head h of its kv head
-  const int64_t chunk = round_up(ceil_div(s.max_context, slices), 32);
+  const int64_t chunk = round_up(ceil_div(s.keys(), slices), 32);
   if (chunk > kMaxChunk) return {};
   DecodePlan p;
   p.kernel = DecodeKernel::head_clusters;

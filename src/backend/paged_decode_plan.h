@@ -52,9 +52,11 @@ struct DecodeShape {
   int element_bytes = 0;       // of q and the pools: 2 (bf16, f16) or 4 (f32)
   bool aligned_pools = true;   // both pools' rows 16-byte aligned with unit stride along D
   bool tensor_cores = false;   // CTAs of kRowsPerCta rows compute on the tensor cores for this dtype and D
-  int64_t window = 0;          // a sliding window (the simple kernel or the composition only, for now)
+  int64_t window = 0;          // a sliding window: a token attends to its `window` latest keys (0: all)
   int hidden = 0, o_in = 0;    // o_weight [hidden, o_in]
   bool aligned_weight = true;  // o_weight's rows 16-byte aligned, whole 16-byte packs
+  // The most keys a token attends to: the window bounds them (the kernels start at the window's first key).
+  int64_t keys() const { return window > 0 && window < max_context ? window : max_context; }
 };
 
 struct DeviceLimits {
@@ -109,8 +111,8 @@ struct DecodePlan {
 // cudaOccupancyMaxActiveClusters > 0 for that kernel, plan.cluster CTAs and its shared memory).
 using ClustersFit = std::function<bool(const DecodePlan&)>;
 
-// paged_attention / paged_decode_attention: the staged kernel (simple or composition where the layouts, the grid
-// or a sliding window rule it out: `fallback`).
+// paged_attention / paged_decode_attention: the staged kernel (simple or composition where the layouts or the grid
+// rule it out: `fallback`). A sliding window bounds the keys the plans size their chunks for (DecodeShape::keys).
 DecodePlan plan_attention(const DecodeShape& shape, const DeviceLimits& device,
                           DecodeKernel fallback = DecodeKernel::simple);
 // paged_decode_attention_projected: the first of projected, token_cluster, head_clusters, split_projected that takes

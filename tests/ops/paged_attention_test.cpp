@@ -18,13 +18,13 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/environment.h"
 #include "microllm/backend/kernel_choices.h"
 #include "microllm/core/cuda.h"
 #include "microllm/ops/attention.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/rope.h"
-#include "backend/environment.h"
 #include "test_support.h"
 
 #ifdef MICROLLM_WITH_CUDA
@@ -189,6 +189,9 @@ TEST_P(PagedAttentionTest, ChunksAndDecodeMatchContiguousAttention) {
       check(make_cache({37, 20, 5, 64}, 5, 2, 6, 64, 4, true, device()), dtype, 0, "chunks d64", window);
       check(make_cache({70, 1, 33}, 16, 2, 12, 128, 1, false, device()), dtype, 0, "decode d128 group 6", window);
     }
+    // Windows past one chunk over long sequences: the staged kernel's splits start at the window's first key.
+    check(make_cache({1500, 700, 37}, 16, 2, 14, 64, 1, true, device()), dtype, 0, "decode long, window 900", 900);
+    check(make_cache({1500, 9}, 16, 1, 4, 256, 1, false, device()), dtype, 0, "decode d256 MQA, window 512", 512);
   }
 }
 
@@ -415,8 +418,10 @@ TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
                                     "group 16");
     // A head dim the fast kernel does not take (CUDA runs the separate ops).
     check_decode_equals_composition(make_cache({50, 3}, 4, 3, 6, 40, 1, true, d), dtype, qwen_rope(), 0, d, "d40");
-    // A sliding window (CUDA: the separate ops, its paged_attention on the simple kernel).
+    // Sliding windows: within one chunk, and past it over the splits.
     check_decode_equals_composition(short_qwen, dtype, qwen_rope(), 256, d, "qwen, window 48", 48);
+    check_decode_equals_composition(qwen, dtype, qwen_rope(), 2048, d, "qwen, splits, window 150", 150);
+    check_decode_equals_composition(qwen, dtype, qwen_rope(), 2048, d, "qwen, splits, window 1100", 1100);
   }
   // A slot that is not the position's: an IndexError (on CUDA at the next synchronization).
   const Cache c = make_cache({40, 7}, 16, 2, 14, 64, 1, false, d);
@@ -439,13 +444,15 @@ TEST_P(PagedAttentionTest, DecodeAttentionIsRopeWriteAndAttention) {
 // linear_add. f32, not f64: the rotary angles are computed in f32 on every path (as transformers does), so an f64
 // reference would differ from an f32 result by their rounding (up to ~1e-5 where the outputs are small).
 std::vector<double> reference_projected(const Cache& c, const DecodeStep& s, const Tensor& k_pool, const Tensor& v_pool,
-                                        const Tensor& o_weight, const Tensor& addend, int64_t max_context) {
+                                        const Tensor& o_weight, const Tensor& addend, int64_t max_context,
+                                        int64_t window) {
   const Device cpu = Device::cpu();
   auto wide = [&](const Tensor& t) { return t.to(cpu).to(DType::f32); };
   const DecodeStep w = step_of(c, wide(s.qkv), s.slots.to(cpu));
   const Tensor attention = Tensor::empty(w.q.shape(), DType::f32, cpu);
   paged_decode_attention(w.q, w.k, w.v, qwen_rope(), wide(k_pool).clone(), wide(v_pool).clone(), w.slots,
-                         c.block_tables.to(cpu), c.seq_ids.to(cpu), c.positions.to(cpu), 0, max_context, attention);
+                         c.block_tables.to(cpu), c.seq_ids.to(cpu), c.positions.to(cpu), 0, max_context, attention,
+                         window);
   return host_values(linear_add(attention.reshape({rows(c), c.q_heads * c.dim}), wide(o_weight), Tensor(),
                                 addend.defined() ? wide(addend) : Tensor()));
 }
@@ -459,8 +466,9 @@ std::vector<double> reference_projected(const Cache& c, const DecodeStep& s, con
 // in their own orders, some on the tensor cores), so their difference is two rounding errors, not a bug. The pools
 // must match bit for bit: the new k and v are rounded once, the same way.
 void check_projected_matches_reference(const Cache& c, DType dtype, int64_t hidden, bool with_addend,
-                                       int64_t max_context, Device device, const char* what) {
-  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype) + (with_addend ? " with addend" : ""));
+                                       int64_t max_context, Device device, const char* what, int64_t window = 0) {
+  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype) + (with_addend ? " with addend" : "") + " window " +
+               std::to_string(window));
   const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
   const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
   const Tensor k_ref = k_pool.clone(), v_ref = v_pool.clone();
@@ -468,15 +476,16 @@ void check_projected_matches_reference(const Cache& c, DType dtype, int64_t hidd
   const int64_t n = rows(c);
   const Tensor o_weight = random_tensor({hidden, c.q_heads * c.dim}, dtype, device, -0.1, 0.1);
   const Tensor addend = with_addend ? random_tensor({n, hidden}, dtype, device) : Tensor();
-  const std::vector<double> reference = reference_projected(c, s, k_pool, v_pool, o_weight, addend, max_context);
+  const std::vector<double> reference =
+      reference_projected(c, s, k_pool, v_pool, o_weight, addend, max_context, window);
   const Tensor attention = Tensor::full(s.q.shape(), NAN, dtype, device);
   paged_decode_attention(s.q, s.k, s.v, qwen_rope(), k_ref, v_ref, s.slots, c.block_tables, c.seq_ids, c.positions, 0,
-                         max_context, attention);
+                         max_context, attention, window);
   const Tensor composition = linear_add(attention.reshape({n, c.q_heads * c.dim}), o_weight, Tensor(), addend);
 
   const Tensor out = Tensor::full({n, hidden}, NAN, dtype, device);
   paged_decode_attention_projected(s.q, s.k, s.v, qwen_rope(), k_pool, v_pool, s.slots, c.block_tables, c.seq_ids,
-                                   c.positions, 0, max_context, o_weight, addend, out);
+                                   c.positions, 0, max_context, o_weight, addend, out, window);
   const double composition_error = testing::relative_error(composition, reference);
   const double fused_error = testing::relative_error(out, reference);
   EXPECT_LE(composition_error, tolerance(dtype));
@@ -578,6 +587,16 @@ TEST_P(PagedAttentionTest, DecodeAttentionProjectedIsAttentionThenLinear) {
     EXPECT_EQ(pg::head_cluster_launches() - head_clusters_before, 4 * ((head && !token ? 7 : 0) + 7));
   }
 #endif
+  // Sliding windows over long sequences (Gemma 3's and Mistral's layers): CUDA's fused kernels start at the window's
+  // first key, one split where the window fits a chunk, a token's cluster or the splits past it.
+  for (DType dtype : kPoolTypes) {
+    check_projected_matches_reference(make_cache({1500}, 16, 2, 14, 64, 1, false, d, 3, 2048), dtype, 896, true, 2048,
+                                      d, "b1, window 200", 200);
+    check_projected_matches_reference(make_cache({600, 1800}, 16, 2, 14, 64, 1, true, d, 3, 2048), dtype, 896, true,
+                                      2048, d, "b2 + padding, window 1000", 1000);
+    check_projected_matches_reference(make_cache({2100, 40, 3000}, 16, 1, 4, 256, 1, false, d, 3, 4096), dtype, 640,
+                                      false, 4096, d, "Gemma 3 270M heads, window 512", 512);
+  }
 }
 
 TEST(PagedDecodeAttentionTest, ProjectedErrorsNameTheArgument) {
@@ -646,8 +665,8 @@ TEST_P(PagedAttentionTest, ExplainRecordsThePlanThatRan) {
   if (detail::path_disabled(detail::FastPath::attention_o)) GTEST_SKIP() << "MICROLLM_DISABLE=attention-o is set";
   set_recording_kernel_choices(true);
   clear_kernel_choices();
-  check_projected_matches_reference(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), DType::bf16, 896, true,
-                                    256, d, "qwen b1");
+  check_projected_matches_reference(make_cache({129}, 16, 2, 14, 64, 1, false, d, 3, 256), DType::bf16, 896, true, 256,
+                                    d, "qwen b1");
   set_recording_kernel_choices(false);
   const std::vector<KernelChoice> choices = kernel_choices();
   const auto it = std::find_if(choices.begin(), choices.end(),

@@ -1,12 +1,12 @@
 // The paged attention plan (src/backend/paged_decode_plan.h) on an H100's limits, with no GPU: the kernel each decode
 // shape gets, the launch policies' documented choices (docs/CUDA.md, paged attention), and the invariants every plan
 // keeps over a sweep of shapes. The CUDA suite checks that the launched kernels compute the composition.
+#include "../../src/backend/paged_decode_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
-
-#include "../../src/backend/paged_decode_plan.h"
 
 namespace microllm::paged_plan {
 namespace {
@@ -131,6 +131,28 @@ TEST(PagedDecodePlan, SwitchesDtypesAndLayoutsFallBack) {
   EXPECT_EQ(plan_attention(wide, kH100).kernel, DecodeKernel::simple);
 }
 
+// A sliding window bounds the keys a token attends to: a windowed layer at a long context gets the plan of a context
+// as long as the window (the kernels start at the window's first key), not a fallback.
+TEST(PagedDecodePlan, AWindowPlansLikeAContextOfItsLength) {
+  const Model gemma{"Gemma 3 270M", 4, 1, 256, 640};
+  for (const Model& m : {kQwen05, gemma}) {
+    for (int64_t tokens : {1, 8}) {
+      DecodeShape windowed = bf16_shape(m, tokens, 4096);
+      windowed.window = 512;
+      const DecodeShape short_context = bf16_shape(m, tokens, 512);
+      const DecodePlan a = projected_plan(windowed), b = projected_plan(short_context);
+      if (tokens == 1) {  // B8 at 512 keys projects with o's GEMV
+        EXPECT_NE(a.kernel, DecodeKernel::composition) << m.name;
+      }
+      EXPECT_EQ(a.describe(), b.describe()) << m.name << " B" << tokens;
+      EXPECT_EQ(plan_attention(windowed, kH100).describe(), plan_attention(short_context, kH100).describe());
+    }
+  }
+  DecodeShape wider = bf16_shape(kQwen05, 1, 256);
+  wider.window = 4096;  // a window past the context hides nothing
+  EXPECT_EQ(projected_plan(wider).describe(), projected_plan(bf16_shape(kQwen05, 1, 256)).describe());
+}
+
 TEST(PagedDecodePlan, StagedRowsAndSplitsFollowTheGrid) {
   // A small grid with one chunk: one query head a CTA, one split (no combine).
   DecodePlan p = plan_attention(bf16_shape(kQwen05, 1, 100), kH100);
@@ -213,10 +235,10 @@ TEST(PagedDecodePlan, EveryPlanIsConsistentOverASweep) {
 
 TEST(PagedDecodePlan, DescribeNamesTheLaunch) {
   const std::string line = projected_plan(bf16_shape(kQwen05, 1, 256)).describe();
-  EXPECT_EQ(line,
-            "projected: grid 14x4 of 256 threads, " + std::to_string(projected_plan(bf16_shape(kQwen05, 1, 256)).smem) +
-                " B shared, clusters of 14; 1 row a CTA, chunk 256; o projection: 4 replicas x 16 columns a CTA, "
-                "rows staged");
+  EXPECT_EQ(line, "projected: grid 14x4 of 256 threads, " +
+                      std::to_string(projected_plan(bf16_shape(kQwen05, 1, 256)).smem) +
+                      " B shared, clusters of 14; 1 row a CTA, chunk 256; o projection: 4 replicas x 16 columns a CTA, "
+                      "rows staged");
   EXPECT_EQ(DecodePlan{}.describe(), "composition");
 }
 

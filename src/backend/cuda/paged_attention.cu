@@ -297,7 +297,7 @@ void record_plan(const char* op, const paged_plan::DecodeShape& s, const DecodeP
 // The arguments every attention kernel reads.
 PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool, const Tensor& block_tables,
                          const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                         const Tensor& out, uint64_t* error_word) {
+                         int64_t window, const Tensor& out, uint64_t* error_word) {
   PagedArgs a{};
   a.q = q.data_ptr();
   a.k_pool = k_pool.data_ptr();
@@ -322,6 +322,7 @@ PagedArgs attention_args(const Tensor& q, const Tensor& k_pool, const Tensor& v_
   a.num_blocks = static_cast<int>(std::min<int64_t>(k_pool.size(0), INT32_MAX));  // i32 block ids
   a.num_seqs = static_cast<int>(std::min<int64_t>(block_tables.size(0), INT32_MAX));
   a.max_context = static_cast<int>(max_context);  // the op checked it fits i32
+  a.window = static_cast<int>(std::min<int64_t>(window, INT32_MAX));
   a.scale = static_cast<float>(scale);
   a.out = out.data_ptr();
   a.error_word = error_word;
@@ -364,9 +365,8 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   OpScope scope("paged_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
   namespace pg = paged;
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
-                                       detail::cuda_error_word(device_));
-  a.window = static_cast<int>(std::min<int64_t>(window, INT32_MAX));
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+                                       window, out, detail::cuda_error_word(device_));
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
@@ -400,8 +400,8 @@ void CudaFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const
   }
   OpScope scope("paged_decode_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
-                                       detail::cuda_error_word(device_));
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+                                       window, out, detail::cuda_error_word(device_));
   pg::set_new_kv(a, k, v, slots, rope, q.size(2));
   const pg::RopeFreq freq = rotary::inv_freq_arg<float, pg::kMaxFastDim / 2>(rope, q.size(2));
   visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
@@ -437,8 +437,8 @@ void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor
   }
   const OpScope scope("paged_decode_attention_projected", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, out,
-                                       detail::cuda_error_word(device_));
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+                                       window, out, detail::cuda_error_word(device_));
   pg::set_new_kv(a, k, v, slots, rope, q.size(2));
   a.out = nullptr;  // the attention's output stays in shared memory
   a.o_weight = o_weight.data_ptr();

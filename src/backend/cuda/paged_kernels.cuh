@@ -86,7 +86,7 @@ struct PagedArgs {
   int64_t seq_stride, pos_stride;
   int q_heads, kv_heads, group, dim, block_size, num_blocks, num_seqs;
   int max_context;
-  int window;  // > 0: a sliding window, a token attends to its `window` latest keys (the simple kernel only)
+  int window;  // > 0: a sliding window, a token attends to its `window` latest keys (first_key)
   float scale;
   int row_blocks;  // ceil(group / R), R the rows per CTA the staged launch chose
   int chunk, n_split;
@@ -140,6 +140,12 @@ __device__ __forceinline__ Token resolve(const PagedArgs& a, int64_t n, bool rep
     return {seq, a.max_context, pos};
   }
   return {seq, pos + 1, pos};
+}
+
+// The first key a token attends to: its window's (the `window` latest keys), else key 0. The splits and slices
+// share the keys from here to tok.len.
+__device__ __forceinline__ int first_key(const PagedArgs& a, const Token& tok) {
+  return a.window > 0 ? max(0, tok.len - a.window) : 0;
 }
 
 // The block id of key j of sequence seq, or -1 when it is bad (reported).
@@ -388,7 +394,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   const int hk = (blockIdx.x / a.row_blocks) % a.kv_heads;
   const int64_t n = blockIdx.x / (a.row_blocks * a.kv_heads);
   // Grid y: the split, or with kProject the replica (one split); only the first replica writes the pools.
-  const int split = kProject ? 0 : static_cast<int>(blockIdx.y), c0 = split * chunk;
+  const int split = kProject ? 0 : static_cast<int>(blockIdx.y);
   const bool first_replica = !kProject || blockIdx.y == 0;
   const int r0 = rb * R, nr = min(R, a.group - r0);
   const int tid = threadIdx.x;
@@ -397,6 +403,7 @@ __global__ void __launch_bounds__(kStagedThreads) paged_staged_kernel(const Page
   auto col0 = [&] { return projected_col0(a.q_heads, a.o_cols); };
   auto cols = [&] { return projected_cols(a.q_heads, a.o_cols, a.hidden); };
   const Token tok = resolve(a, n, reporter);
+  const int c0 = first_key(a, tok) + split * chunk;
   auto out_row = [&](int r) { return (n * a.q_heads + hk * a.group + r0 + r); };  // row of [N * Hq]
   if (c0 >= tok.len) {  // padding, or a split past the sequence's end: the combine does not read it
     if constexpr (kFused) wait_for_inputs();
@@ -504,8 +511,8 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
   chain_next_grids();
   const int D = a.dim;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Token tok = resolve(a, row / a.q_heads, false);  // the partial kernel reported bad values
-    const int used = (tok.len + a.chunk - 1) / a.chunk;    // 0 for padding
+    const Token tok = resolve(a, row / a.q_heads, false);                // the partial kernel reported bad values
+    const int used = (tok.len - first_key(a, tok) + a.chunk - 1) / a.chunk;  // 0 for padding
     decode_phases::combine_row(a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * D,
                                used, D, w, scratch, static_cast<T*>(a.out) + row * D);
   }
@@ -541,7 +548,7 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
       a.addend && j < cols ? to_acc(static_cast<const T*>(a.addend)[n * a.hidden + col0 + j]) : 0.f;
   // The staged kernel reported bad values; a padding row merges no split: a head of zeros.
   const Token tok = resolve(a, n, false);
-  const int used = (tok.len + a.chunk - 1) / a.chunk;
+  const int used = (tok.len - first_key(a, tok) + a.chunk - 1) / a.chunk;
   combine_and_project<kSmallThreads, kRowsStaged>(
       a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * a.dim, used, a.dim,
       reinterpret_cast<float*>(combine_projected_smem), a.n_split, head, head + a.dim, a.o_in, kRowsStaged ? w_rows : w,
@@ -595,8 +602,9 @@ __global__ void __launch_bounds__(kStagedThreads) paged_token_cluster_kernel(con
   const bool first_replica = blockIdx.y == 0;  // writes the pools
   const int tid = threadIdx.x;
   const Token tok = resolve(a, n, rank == 0 && (!kHeadClusters || hk == 0) && tid == 0 && first_replica);
-  const int span = (tok.len + a.slices - 1) / a.slices;  // <= chunk, as len <= max_context
-  const int c0 = slice * span, nk = max(0, min(span, tok.len - c0));
+  const int key0 = first_key(a, tok);
+  const int span = (tok.len - key0 + a.slices - 1) / a.slices;  // <= chunk, as the plan's keys() bound len - key0
+  const int c0 = key0 + slice * span, nk = max(0, min(span, tok.len - c0));
   const bool holds_new = nk > 0 && tok.pos < c0 + nk;  // the token's own key and value: the slice's last
   const int from_pool = holds_new ? nk - 1 : nk;
 
