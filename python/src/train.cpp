@@ -96,7 +96,8 @@ py::dict run_with_callbacks(train::Trainer& trainer, const py::object& on_log, c
   }
   if (raised) throw std::move(*raised);
   if (result.interrupted && !stopped_by_callback) {
-    PyErr_SetString(PyExc_KeyboardInterrupt, ("training stopped by Ctrl-C; checkpoint " + result.checkpoint_dir).c_str());
+    PyErr_SetString(PyExc_KeyboardInterrupt,
+                    ("training stopped by Ctrl-C; checkpoint " + result.checkpoint_dir).c_str());
     throw py::error_already_set();
   }
   py::dict out;
@@ -142,9 +143,9 @@ config: a dict, a JSON file's path or JSON text with train::TrainConfig's fields
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("steps_done", &train::Trainer::step)
       .def_property_readonly("resumed", &train::Trainer::resumed)
-      .def_property_readonly("config", [](const train::Trainer& t) {
-        return py::module_::import("json").attr("loads")(t.config().to_json());
-      })
+      .def_property_readonly(
+          "config",
+          [](const train::Trainer& t) { return py::module_::import("json").attr("loads")(t.config().to_json()); })
       .def(
           "parameters",
           [](train::Trainer& t) {
@@ -169,21 +170,24 @@ void bind_autograd(py::module_& m) {
       .def(py::init([](const Tensor& value, bool requires_grad) { return Variable(value, requires_grad); }),
            py::arg("value"), py::arg("requires_grad") = false)
       .def_property_readonly("value", &Variable::value)
-      .def_property_readonly("grad", [](const Variable& v) -> py::object {
-        if (!v.grad().defined()) return py::none();
-        return py::cast(v.grad());
-      })
+      .def_property_readonly("grad",
+                             [](const Variable& v) -> py::object {
+                               if (!v.grad().defined()) return py::none();
+                               return py::cast(v.grad());
+                             })
       .def_property("requires_grad", &Variable::requires_grad, &Variable::set_requires_grad)
       .def_property_readonly("is_leaf", &Variable::is_leaf)
-      .def_property_readonly("shape", [](const Variable& v) {
-        py::tuple shape(v.dim());
-        for (int d = 0; d < v.dim(); ++d) shape[d] = v.size(d);
-        return shape;
-      })
+      .def_property_readonly("shape",
+                             [](const Variable& v) {
+                               py::tuple shape(v.dim());
+                               for (int d = 0; d < v.dim(); ++d) shape[d] = v.size(d);
+                               return shape;
+                             })
       .def("detach", &Variable::detach)
       .def("zero_grad", &Variable::zero_grad)
       .def(
-          "backward", [](const Variable& v, const py::object& grad) {
+          "backward",
+          [](const Variable& v, const py::object& grad) {
             const Tensor seed = grad.is_none() ? Tensor() : grad.cast<Tensor>();
             py::gil_scoped_release released;
             v.backward(seed);
@@ -198,13 +202,16 @@ void bind_autograd(py::module_& m) {
 
   py::module_ ag = m.def_submodule("autograd", "Differentiable functions over Variables (autograd/functions.h)");
   auto unary = [&](const char* name, Variable (*f)(const Variable&)) {
-    ag.def(name, [f](const py::object& x) { return f(as_variable(x)); }, py::arg("x"));
+    ag.def(
+        name, [f](const py::object& x) { return f(as_variable(x)); }, py::arg("x"));
   };
   unary("neg", autograd::neg), unary("exp", autograd::exp), unary("log", autograd::log);
   unary("sqrt", autograd::sqrt), unary("sigmoid", autograd::sigmoid), unary("silu", autograd::silu);
   unary("tanh", autograd::tanh), unary("square", autograd::square), unary("contiguous", autograd::contiguous);
-  ag.def("sum", [](const py::object& x) { return autograd::sum(as_variable(x)); }, py::arg("x"));
-  ag.def("mean", [](const py::object& x) { return autograd::mean(as_variable(x)); }, py::arg("x"));
+  ag.def(
+      "sum", [](const py::object& x) { return autograd::sum(as_variable(x)); }, py::arg("x"));
+  ag.def(
+      "mean", [](const py::object& x) { return autograd::mean(as_variable(x)); }, py::arg("x"));
   ag.def(
       "matmul",
       [](const py::object& a, const py::object& b, bool transpose_a, bool transpose_b) {
@@ -224,8 +231,8 @@ void bind_autograd(py::module_& m) {
       },
       py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6);
   ag.def(
-      "softmax", [](const py::object& x, int64_t dim) { return autograd::softmax(as_variable(x), dim); },
-      py::arg("x"), py::arg("dim") = -1);
+      "softmax", [](const py::object& x, int64_t dim) { return autograd::softmax(as_variable(x), dim); }, py::arg("x"),
+      py::arg("dim") = -1);
   ag.def(
       "log_softmax", [](const py::object& x, int64_t dim) { return autograd::log_softmax(as_variable(x), dim); },
       py::arg("x"), py::arg("dim") = -1);
@@ -234,8 +241,30 @@ void bind_autograd(py::module_& m) {
       [](const py::object& gate, const py::object& up) { return autograd::swiglu(as_variable(gate), as_variable(up)); },
       py::arg("gate"), py::arg("up"));
   ag.def(
-      "embedding", [](const py::object& weight, const Tensor& ids) { return autograd::embedding(as_variable(weight), ids); },
+      "embedding",
+      [](const py::object& weight, const Tensor& ids) { return autograd::embedding(as_variable(weight), ids); },
       py::arg("weight"), py::arg("ids"));
+  ag.def(
+      "attention",
+      [](const py::object& q, const py::object& k, const py::object& v, bool causal, double scale) {
+        AttentionParams params;
+        params.causal = causal;
+        params.scale = scale;
+        const Variable qv = as_variable(q), kv = as_variable(k), vv = as_variable(v);  // with the GIL held
+        py::gil_scoped_release release;
+        return autograd::attention(qv, kv, vv, params);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(), py::arg("causal") = true, py::arg("scale") = 0.0,
+      "q [B, Hq, T, D], k and v [B, Hkv, S, D] -> [B, Hq, T, D] (scale 0: 1/sqrt(D))");
+  ag.def(
+      "rope",
+      [](const py::object& x, const Tensor& positions, double theta) {
+        RopeParams params;
+        params.theta = theta;
+        return autograd::rope(as_variable(x), positions, params);
+      },
+      py::arg("x"), py::arg("positions"), py::kw_only(), py::arg("theta") = 10000.0,
+      "Rotary embedding (split-half pairs) of x [B, T, H, D] at positions [B, T] or [T]");
   ag.def(
       "cross_entropy",
       [](const py::object& logits, const Tensor& targets, int64_t ignore_index) {

@@ -102,3 +102,39 @@ def test_autograd_matmul_and_cross_entropy_gradients_equal_numpy():
     p[np.arange(2), targets] -= 1
     np.testing.assert_allclose(np.asarray(lv.grad), p / 2, rtol=1e-5, atol=1e-7, err_msg=f"seed {seed}")
     assert microllm.Variable(microllm.from_numpy(x)).grad is None
+
+
+def test_autograd_attention_and_rope_give_the_ops_values_and_finite_difference_gradients():
+    seed = random.randrange(1 << 30)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 4, 5, 8))
+    k = rng.standard_normal((1, 2, 5, 8))
+    v = rng.standard_normal((1, 2, 5, 8))
+    weight = rng.standard_normal((1, 4, 5, 8))
+    qv = microllm.Variable(microllm.from_numpy(q.copy()), requires_grad=True)
+    out = microllm.autograd.attention(qv, microllm.from_numpy(k), microllm.from_numpy(v), causal=True, scale=0.3)
+    expected = microllm.ops.attention(microllm.from_numpy(q), microllm.from_numpy(k), microllm.from_numpy(v),
+                                      causal=True, scale=0.3)
+    np.testing.assert_allclose(np.asarray(out.value), np.asarray(expected), rtol=1e-12, err_msg=f"seed {seed}")
+    out.backward(microllm.from_numpy(weight.copy()))
+
+    def objective(q_values):
+        o = microllm.ops.attention(microllm.from_numpy(q_values), microllm.from_numpy(k), microllm.from_numpy(v),
+                                   causal=True, scale=0.3)
+        return float((np.asarray(o) * weight).sum())
+
+    for index in [(0, 0, 0, 0), (0, 3, 4, 7), (0, 1, 2, 5)]:
+        bumped = [q.copy(), q.copy()]
+        bumped[0][index] += 1e-6
+        bumped[1][index] -= 1e-6
+        numeric = (objective(bumped[0]) - objective(bumped[1])) / 2e-6
+        assert abs(np.asarray(qv.grad)[index] - numeric) < 1e-6, (index, seed)
+
+    x = rng.standard_normal((1, 3, 2, 8))
+    positions = microllm.from_numpy(np.array([4, 5, 6], np.int64))
+    xv = microllm.Variable(microllm.from_numpy(x.copy()), requires_grad=True)
+    rotated = microllm.autograd.rope(xv, positions, theta=100.0)
+    np.testing.assert_allclose(np.asarray(rotated.value),
+                               np.asarray(microllm.ops.rope(microllm.from_numpy(x), positions, theta=100.0)), rtol=1e-12)
+    rotated.backward(rotated.value)  # a rotation's transpose undoes it: the gradient is x again
+    np.testing.assert_allclose(np.asarray(xv.grad), x, rtol=1e-10, atol=1e-12, err_msg=f"seed {seed}")

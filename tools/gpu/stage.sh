@@ -22,6 +22,8 @@ if [ -f /usr/lib/x86_64-linux-gnu/libprofiler.so.0 ]; then
   cp -L /usr/lib/x86_64-linux-gnu/libprofiler.so.0 /usr/lib/x86_64-linux-gnu/libunwind.so.8 .device/gperf/
 fi
 strip --strip-debug .device/bin/* .device/lib/*.so.* 2>/dev/null || true
+# Headers the GPU machine lacks for tools/gpu/python_ext.sh (the Python extension built there).
+mkdir -p .device/include && cp -r /usr/include/nlohmann /usr/include/dlpack .device/include/
 du -sh .device
 # The tokenizer files for the oracles, compressed (they are 30 MB as JSON).
 if [ -d data/tokenizers ]; then tar cJf .device/tokenizers.tar.xz -C data tokenizers; fi

@@ -12,6 +12,8 @@
 #   goldens   tools/oracle/model_golden.py for GOLDEN_NAMES (default: the windowed and Phi-3 cases), the folders
 #             copied to $OUT/models/ to commit under tests/fixtures/models/ (HfGoldenTest skips them until then)
 #   explain   `microllm bench --explain` on the Qwen2.5-0.5B config: each decode batch's and context's kernels
+#   python    the Python extension built there (tools/gpu/python_ext.sh) and pytest python/tests: the torch
+#             operators (test_torch_ops.py) and DLPack with torch on CUDA run only there
 #   ab        tools/gpu/ab.sh bench (AB_RUNS, AB_PASSES) against the builds in .device/ab/
 #   ab-train  tools/gpu/ab.sh train (AB_TRAIN_STEPS)
 #   device run, carry [".device"]: bash tools/gpu/validate.sh [STEP...]
@@ -61,6 +63,16 @@ step_goldens() {
   grep -E '^\[  FAILED  \]' "$OUT/logs/hf_golden.log" | head -40
 }
 
+step_python() {
+  bash tools/gpu/python_ext.sh /tmp/pyext > "$OUT/logs/python_ext.log" 2>&1
+  echo "== python_ext.sh: exit $?"
+  tail -3 "$OUT/logs/python_ext.log"
+  PYTHONPATH=/tmp/pyext MICROLLM_SOURCE_DIR="$PWD" MICROLLM_BIN="$PWD/$bin/microllm" timeout 400 \
+    python3 -m pytest -q -p no:cacheprovider -rs python/tests > "$OUT/logs/pytest.log" 2>&1
+  echo "== pytest python/tests: exit $?"
+  grep -E "passed|failed|FAILED|SKIPPED|Error" "$OUT/logs/pytest.log" | tail -40
+}
+
 step_explain() {
   timeout 180 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 \
     -p 0 -n 32 -b 1,2,8 -r 1 --workload 4000:1:32,4000:2:32 --explain > "$OUT/explain.md" 2>&1
@@ -97,6 +109,7 @@ for step in "${steps[@]}"; do
     serve) step_serve ;;
     goldens) step_goldens ;;
     explain) step_explain ;;
+    python) step_python ;;
     trace) step_trace ;;
     ab) bash tools/gpu/ab.sh bench > /dev/null 2>&1; cat "$OUT/ab.md" ;;
     ab-train) OUT="$OUT/ab-train" bash tools/gpu/ab.sh train > /dev/null 2>&1; cat "$OUT/ab-train/ab.md" ;;
