@@ -57,22 +57,6 @@ TEST(CliCommands, ChatSkipsALineThatIsNotUtf8) {
   EXPECT_EQ(testing::count_of(out, "[chat] prompt "), 2u) << "a reply to lines 1 and 3: " << out;
 }
 
-// The largest token id of a tokenizer.json, its model's vocabulary and its added tokens.
-int64_t largest_id(const fs::path& tokenizer_json) {
-  std::ifstream in(tokenizer_json);
-  const nlohmann::json t = nlohmann::json::parse(in);
-  int64_t largest = 0;
-  const nlohmann::json& vocab = t["model"]["vocab"];
-  if (vocab.is_object()) {
-    for (const auto& [token, id] : vocab.items()) largest = std::max(largest, id.get<int64_t>());
-  } else {  // Unigram: [piece, score] pairs, the id is the index
-    largest = static_cast<int64_t>(vocab.size()) - 1;
-  }
-  for (const nlohmann::json& added : t.value("added_tokens", nlohmann::json::array()))
-    largest = std::max(largest, added["id"].get<int64_t>());
-  return largest;
-}
-
 // A folder of each tokenizer family (scripts/fetch-tokenizers.sh: byte-level BPE of Qwen, Llama 3, DeepSeek-V3 and
 // o200k; SentencePiece-lineage BPE with byte fallback of Llama 2 and Gemma 3) with tiny random weights of its
 // vocabulary's size and its own chat template (Llama 2 and o200k ship none: a fixture's) chats: exit 0 and a
@@ -80,8 +64,7 @@ int64_t largest_id(const fs::path& tokenizer_json) {
 TEST(CliCommands, ChatWithAFolderOfEachTokenizerFamily) {
   const fs::path bin = testing::microllm_binary();
   if (!fs::exists(bin)) GTEST_SKIP() << bin << " is not built (cmake --build ... --target microllm_app)";
-  const fs::path fetched = std::getenv("MICROLLM_TOKENIZERS_DIR") ? fs::path(std::getenv("MICROLLM_TOKENIZERS_DIR"))
-                                                                   : fs::path(MICROLLM_SOURCE_DIR) / "data/tokenizers";
+  const fs::path fetched = testing::fetched_tokenizers();
   const fs::path templates = fs::path(MICROLLM_SOURCE_DIR) / "tests/fixtures/chat_templates/templates";
   const std::vector<std::pair<std::string, std::string>> families = {
       {"qwen3", ""},       {"llama3", ""},
@@ -98,16 +81,16 @@ TEST(CliCommands, ChatWithAFolderOfEachTokenizerFamily) {
     for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(source / file, dir / file);
     if (!fallback_template.empty()) fs::copy_file(templates / fallback_template, dir / "chat_template.jinja");
     nn::TransformerConfig c;
-    c.vocab_size = largest_id(dir / "tokenizer.json") + 1;
+    c.vocab_size = testing::largest_token_id(dir / "tokenizer.json") + 1;
     c.hidden_size = 16, c.intermediate_size = 32, c.num_layers = 1, c.num_heads = 2, c.num_kv_heads = 1;
     c.max_position_embeddings = 4096;
     models::save_model(nn::TransformerLM(c, testing::fresh_seed()), dir.string());
     const fs::path input = dir / "turns.txt";
     testing::write_text_file(input, "Hello, wörld!\nAnd then?\n");
     std::string out;
-    const int status = testing::run_command(
-        bin.string() + " chat --model " + dir.string() + " --max-tokens 3 --temperature 0 --verbose < " + input.string(),
-        out);
+    const int status = testing::run_command(bin.string() + " chat --model " + dir.string() +
+                                                " --max-tokens 3 --temperature 0 --verbose < " + input.string(),
+                                            out);
     EXPECT_EQ(status, 0) << out;
     EXPECT_EQ(testing::count_of(out, "[chat] prompt "), 2u) << "a reply to each line: " << out;
     fs::remove_all(dir);

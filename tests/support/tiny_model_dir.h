@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -21,6 +23,28 @@ inline void write_text_file(const std::filesystem::path& path, const std::string
   std::ofstream out(path, std::ios::binary);
   out << text;
   if (!out.good()) throw std::runtime_error("cannot write " + path.string());
+}
+
+// The tokenizer folders scripts/fetch-tokenizers.sh fetches: $MICROLLM_TOKENIZERS_DIR, else data/tokenizers.
+inline std::filesystem::path fetched_tokenizers() {
+  if (const char* dir = std::getenv("MICROLLM_TOKENIZERS_DIR")) return dir;
+  return std::filesystem::path(MICROLLM_SOURCE_DIR) / "data" / "tokenizers";
+}
+
+// The largest token id of a tokenizer.json, its model's vocabulary and its added tokens.
+inline int64_t largest_token_id(const std::filesystem::path& tokenizer_json) {
+  std::ifstream in(tokenizer_json);
+  const Json t = Json::parse(in);
+  int64_t largest = 0;
+  const Json& vocab = t["model"]["vocab"];
+  if (vocab.is_object()) {
+    for (const auto& [token, id] : vocab.items()) largest = std::max(largest, id.get<int64_t>());
+  } else {  // Unigram: [piece, score] pairs, the id is the index
+    largest = static_cast<int64_t>(vocab.size()) - 1;
+  }
+  for (const Json& added : t.value("added_tokens", Json::array()))
+    largest = std::max(largest, added["id"].get<int64_t>());
+  return largest;
 }
 
 struct TinyModelDir {
