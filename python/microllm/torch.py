@@ -46,7 +46,7 @@ def _gradients(forward, inputs: Sequence[torch.Tensor], grad: torch.Tensor) -> T
     """The gradients of `forward` (over microllm.Variables) at `inputs`, given its output's gradient."""
     variables = [_m.Variable(_to_microllm(t), requires_grad=True) for t in inputs]
     forward(*variables).backward(_to_microllm(grad.contiguous()))
-    return tuple(_to_torch(v.grad) for v in variables)
+    return tuple(_to_torch(v.grad).contiguous() for v in variables)
 
 
 # ---- rms_norm ----
@@ -58,7 +58,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 @rms_norm.register_fake
 def _(x, weight, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("microllm::rms_norm_backward", mutates_args=())
@@ -69,7 +69,7 @@ def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 @rms_norm_backward.register_fake
 def _(grad, x, weight, eps):
-    return torch.empty_like(x), torch.empty_like(weight)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 def _rms_norm_setup(ctx, inputs, output):
@@ -96,7 +96,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 @rope.register_fake
 def _(x, positions, theta):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("microllm::rope_backward", mutates_args=())
@@ -108,7 +108,7 @@ def rope_backward(grad: torch.Tensor, positions: torch.Tensor, theta: float) -> 
 
 @rope_backward.register_fake
 def _(grad, positions, theta):
-    return torch.empty_like(grad)
+    return grad.new_empty(grad.shape)
 
 
 def _rope_setup(ctx, inputs, output):
@@ -129,7 +129,8 @@ rope.register_autograd(_rope_grad, setup_context=_rope_setup)
 
 @torch.library.custom_op("microllm::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    return _to_torch(_m.ops.attention(_to_microllm(q), _to_microllm(k), _to_microllm(v), causal=causal, scale=scale))
+    out = _m.ops.attention(_to_microllm(q), _to_microllm(k), _to_microllm(v), causal=causal, scale=scale)
+    return _to_torch(out).contiguous()  # the CUDA kernels write [B, T, Hq, D] rows: one layout for every device
 
 
 @attention.register_fake
@@ -145,7 +146,7 @@ def attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 @attention_backward.register_fake
 def _(grad, q, k, v, causal, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -172,7 +173,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @swiglu.register_fake
 def _(gate, up):
-    return torch.empty_like(gate)
+    return gate.new_empty(gate.shape)
 
 
 @torch.library.custom_op("microllm::swiglu_backward", mutates_args=())
@@ -182,7 +183,7 @@ def swiglu_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) ->
 
 @swiglu_backward.register_fake
 def _(grad, gate, up):
-    return torch.empty_like(gate), torch.empty_like(up)
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
 def _swiglu_setup(ctx, inputs, output):
@@ -221,7 +222,7 @@ def cross_entropy_backward(grad: torch.Tensor, logits: torch.Tensor, targets: to
 
 @cross_entropy_backward.register_fake
 def _(grad, logits, targets):
-    return torch.empty_like(logits)
+    return logits.new_empty(logits.shape)
 
 
 def _cross_entropy_setup(ctx, inputs, output):

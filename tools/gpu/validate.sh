@@ -10,7 +10,7 @@
 #   trace     a trace of Qwen2.5-0.5B-config training steps (B8 x T1024, bf16-mixed) and of a B1 decode bench,
 #             each summarized by `microllm trace summarize`
 #   goldens   tools/oracle/model_golden.py for GOLDEN_NAMES (default: the windowed and Phi-3 cases), the folders
-#             copied to $OUT/models/ to commit under tests/fixtures/models/ (HfGoldenTest skips them until then)
+#             in $OUT/models.tar.gz to commit under tests/fixtures/models/ (HfGoldenTest skips them until then)
 #   explain   `microllm bench --explain` on the Qwen2.5-0.5B config: each decode batch's and context's kernels
 #   python    the Python extension built there (tools/gpu/python_ext.sh) and pytest python/tests: the torch
 #             operators (test_torch_ops.py) and DLPack with torch on CUDA run only there
@@ -55,8 +55,7 @@ step_goldens() {
   timeout 300 python3 tools/oracle/model_golden.py "${args[@]}" > "$OUT/logs/model_golden.log" 2>&1
   echo "== model_golden.py ${names[*]}: exit $?"
   grep -E "^[a-z0-9_]+:$|parameters,|warning|FAILED|failed|Error" "$OUT/logs/model_golden.log" | head -60
-  mkdir -p "$OUT/models"
-  for n in "${names[@]}"; do cp -r "tests/fixtures/models/$n" "$OUT/models/" 2>/dev/null; done
+  tar czf "$OUT/models.tar.gz" -C tests/fixtures/models "${names[@]}"  # one file: $OUT returns few
   # The new goldens, read at once by the C++ side on the CPU and the GPU.
   timeout 300 "$bin/models_tests" --gtest_filter='*HfGolden*' --gtest_brief=1 > "$OUT/logs/hf_golden.log" 2>&1
   echo "== models_tests HfGolden*: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/logs/hf_golden.log" | tr '\n' ' ')"

@@ -177,7 +177,7 @@ def dump(model_dir, out, dtype="f32", backward=False, ids=None, batch=2, tokens=
     if backward:
         tensors.update(recorder.gradients())
     expected_layers = model.config.num_hidden_layers
-    rotary = sum(1 for name in tensors if name.endswith(".q_rotary"))
+    rotary = sum(1 for name in tensors if name.endswith(".q_rotary") and not name.startswith("grad/"))
     if rotary != expected_layers:
         raise RuntimeError(f"recorded q after the rotary embedding for {rotary} of {expected_layers} layers: "
                            "apply_rotary_pos_emb was not called through the modeling module")
