@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/logs"
-export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1 MICROLLM_BIN="$PWD/.device/bin/microllm"
 bin=.device/bin
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # The test programs look for fixtures where they were built (MICROLLM_SOURCE_DIR): point that path here.
