@@ -165,3 +165,15 @@ def test_transformers_qwen2_with_microllm_ops_gives_its_logits_and_gradients(dev
     close(loss, ref_loss, 1e-5, 1e-6)
     for (name, _), a, b in zip(ours.named_parameters(), grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_logits_equal_transformers_on_a_random_weight_model(device, tmp_path):
+    reference, _, _ = qwen2_pair("cpu")
+    reference.save_pretrained(str(tmp_path))
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+    model = microllm.load_model(str(tmp_path), device=device, dtype="f32")
+    got = torch.from_dlpack(model.logits(ids.tolist())).cpu()
+    close(got, expected, 1e-5, 1e-5)

@@ -14,6 +14,8 @@
 #   explain   `microllm bench --explain` on the Qwen2.5-0.5B config: each decode batch's and context's kernels
 #   python    the Python extension built there (tools/gpu/python_ext.sh) and pytest python/tests: the torch
 #             operators (test_torch_ops.py) and DLPack with torch on CUDA run only there
+#   python-bench  benchmarks/python_bench.py: Model.generate from Python against `microllm generate`, and a
+#             transformers Qwen2 training step with microllm.torch's ops against sdpa (after the python step)
 #   ab        tools/gpu/ab.sh bench (AB_RUNS, AB_PASSES) against the builds in .device/ab/
 #   ab-train  tools/gpu/ab.sh train (AB_TRAIN_STEPS)
 #   device run, carry [".device"]: bash tools/gpu/validate.sh [STEP...]
@@ -72,6 +74,15 @@ step_python() {
   grep -E "passed|failed|FAILED|SKIPPED|Error" "$OUT/logs/pytest.log" | tail -40
 }
 
+step_python_bench() {
+  mkdir -p /tmp/tok && tar xJf .device/tokenizers.tar.xz -C /tmp/tok
+  PYTHONPATH=/tmp/pyext timeout 300 python3 benchmarks/python_bench.py --microllm "$bin/microllm" \
+    --config tests/fixtures/configs/qwen2.5-0.5b.json --tokenizer /tmp/tok/tokenizers/qwen3 \
+    --out "$OUT/python_bench.md" > "$OUT/logs/python_bench.log" 2>&1
+  echo "== python_bench.py: exit $?"
+  cat "$OUT/python_bench.md" 2>/dev/null || tail -20 "$OUT/logs/python_bench.log"
+}
+
 step_explain() {
   timeout 180 "$bin/microllm" bench --config tests/fixtures/configs/qwen2.5-0.5b.json --device cuda --dtype bf16 \
     -p 0 -n 32 -b 1,2,8 -r 1 --workload 4000:1:32,4000:2:32 --explain > "$OUT/explain.md" 2>&1
@@ -109,6 +120,7 @@ for step in "${steps[@]}"; do
     goldens) step_goldens ;;
     explain) step_explain ;;
     python) step_python ;;
+    python-bench) step_python_bench ;;
     trace) step_trace ;;
     ab) bash tools/gpu/ab.sh bench > /dev/null 2>&1; cat "$OUT/ab.md" ;;
     ab-train) OUT="$OUT/ab-train" bash tools/gpu/ab.sh train > /dev/null 2>&1; cat "$OUT/ab-train/ab.md" ;;
