@@ -18,7 +18,7 @@
 #             transformers Qwen2 training step with microllm.torch's ops against sdpa (after the python step)
 #   ab        tools/gpu/ab.sh bench (AB_RUNS, AB_PASSES) against the builds in .device/ab/
 #   ab-train  tools/gpu/ab.sh train (AB_TRAIN_STEPS)
-#   device run, carry [".device"]: bash tools/gpu/validate.sh [STEP...]
+#   device run, carry [".device"]: [VALIDATE_PACK=1] bash tools/gpu/validate.sh [STEP...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -75,6 +75,7 @@ step_python() {
 }
 
 step_python_bench() {
+  ls /tmp/pyext/microllm/_microllm*.so > /dev/null 2>&1 || bash tools/gpu/python_ext.sh /tmp/pyext > "$OUT/logs/python_ext.log" 2>&1
   mkdir -p /tmp/tok && tar xJf .device/tokenizers.tar.xz -C /tmp/tok
   PYTHONPATH=/tmp/pyext timeout 300 python3 benchmarks/python_bench.py --microllm "$bin/microllm" \
     --config tests/fixtures/configs/qwen2.5-0.5b.json --tokenizer /tmp/tok/tokenizers/qwen3 \
@@ -128,3 +129,7 @@ for step in "${steps[@]}"; do
   esac
   echo "== $step done ($((SECONDS - start)) s)"
 done
+# VALIDATE_PACK=1: everything under $OUT as one archive (the device tool returns a few files only).
+if [ "${VALIDATE_PACK:-0}" = 1 ]; then
+  tar czf /tmp/validate-out.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/validate-out.tar.gz "$OUT/"
+fi
