@@ -130,6 +130,12 @@ void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
   out << "tie embeddings " << (c.tie_word_embeddings ? "yes" : "no") << ", qkv bias "
       << (c.attention_bias ? "yes" : "no") << ", qk-norm " << (c.qk_norm ? "yes" : "no") << ", rms_norm_eps "
       << c.rms_norm_eps << "\n";
+  out << "block         " << (c.norm_placement == nn::NormPlacement::sandwich ? "sandwich" : "pre") << " norms, "
+      << (c.mlp_activation == nn::MlpActivation::silu ? "SwiGLU" : "GeGLU (tanh)") << " MLP, scores x "
+      << number_text(c.attention(0).scale);
+  if (c.embedding_scale != 1) out << ", embeddings x " << number_text(c.embedding_scale);
+  if (c.final_logit_softcap > 0) out << ", logits soft-capped at " << number_text(c.final_logit_softcap);
+  out << "\n";
   out << "bos/eos ids   " << (c.bos_token_id >= 0 ? std::to_string(c.bos_token_id) : std::string("-")) << " / ";
   if (c.eos_token_ids.empty()) out << "-";
   for (size_t i = 0; i < c.eos_token_ids.size(); ++i) out << (i ? ", " : "") << c.eos_token_ids[i];
