@@ -6,6 +6,10 @@
                                         read in place (no repetition); scale 0 means 1 / sqrt(D)
     swiglu(gate, up)                    silu(gate) * up
     cross_entropy(logits, targets)      mean cross-entropy of logits [N, V] against targets [N] (-100 ignored)
+    paged_kv_write(k_pool, v_pool, k, v, slots)      the decode step's keys and values into a paged cache (in place)
+    paged_attention(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window)
+                                        decode attention of q [N, Hq, D] over each sequence's cached keys
+                                        (microllm/ops/paged_attention.h); forward only
 
 Each is a ``torch.library.custom_op`` over microLLM's CPU or CUDA kernel. Its tensors cross by DLPack, without a
 copy: on CUDA microLLM's stream waits for PyTorch's current stream before the kernel and PyTorch's for microLLM's
@@ -235,6 +239,35 @@ def _cross_entropy_grad(ctx, grad):
 
 
 cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+# ---- the decode attention over a paged KV cache (forward only: a decode step is not differentiated) ----
+
+@torch.library.custom_op("microllm::paged_kv_write", mutates_args=("k_pool", "v_pool"))
+def paged_kv_write(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   slots: torch.Tensor) -> None:
+    _m.ops.paged_kv_write(_to_microllm(k_pool), _to_microllm(v_pool), _to_microllm(k), _to_microllm(v),
+                          _to_microllm(slots))
+
+
+@paged_kv_write.register_fake
+def _(k_pool, v_pool, k, v, slots):
+    return None
+
+
+@torch.library.custom_op("microllm::paged_attention", mutates_args=())
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                    seq_ids: torch.Tensor, positions: torch.Tensor, scale: float, max_context: int,
+                    window: int) -> torch.Tensor:
+    out = _m.ops.paged_attention(_to_microllm(q), _to_microllm(k_pool), _to_microllm(v_pool),
+                                 _to_microllm(block_tables), _to_microllm(seq_ids), _to_microllm(positions),
+                                 scale=scale, max_context=max_context, window=window)
+    return _to_torch(out)
+
+
+@paged_attention.register_fake
+def _(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window):
+    return q.new_empty(q.shape)
 
 
 # ---- transformers ----

@@ -253,6 +253,35 @@ def test_attention_with_mask_and_errors(rng):
         ops.attention(T(q), T(k[:, :, :, :2].copy()), T(v), causal=False)
 
 
+def test_paged_kv_write_and_paged_attention_equal_attention_over_each_sequence(rng):
+    """Two sequences' keys scattered over shuffled blocks of 4 slots; one decode query each (and a padding row)
+    attends to its own keys, the second within a window of 3."""
+    hq, hkv, d, block = 4, 2, 8, 4
+    lengths = [7, 10]
+    blocks = rng.permutation(6).astype(np.int32)
+    tables = np.array([blocks[:3], blocks[3:]], np.int32)
+    k_pool, v_pool = normal(rng, 6, block, hkv, d), normal(rng, 6, block, hkv, d)
+    keys = [normal(rng, n, hkv, d) for n in lengths]
+    values = [normal(rng, n, hkv, d) for n in lengths]
+    slots = np.concatenate([[tables[s][i // block] * block + i % block for i in range(n)]
+                            for s, n in enumerate(lengths)]).astype(np.int32)
+    kp, vp = T(k_pool), T(v_pool)
+    ops.paged_kv_write(kp, vp, T(np.concatenate(keys)), T(np.concatenate(values)), T(slots))
+    q = normal(rng, 3, hq, d)
+    seq_ids = np.array([0, 1, 0], np.int32)
+    positions = np.array([lengths[0] - 1, lengths[1] - 1, -1], np.int32)
+    for window in (0, 3):
+        out = ops.paged_attention(T(q), kp, vp, T(tables), T(seq_ids), T(positions), window=window)
+        for n in range(2):
+            first = max(0, lengths[n] - window) if window else 0
+            k, v = keys[n][first:].transpose(1, 0, 2)[None], values[n][first:].transpose(1, 0, 2)[None]
+            expected, _, _ = attention_reference(q[n][None, :, None], k, v, False, 1 / math.sqrt(d), 0)
+            close(out[n], expected[0, :, 0], rtol=1e-4, atol=1e-5)
+        close(out[2], np.zeros((hq, d), np.float32))
+    with pytest.raises(microllm.Error, match=r"paged_attention"):
+        ops.paged_attention(T(q), kp, vp, T(tables), T(seq_ids[:2].copy()), T(positions))
+
+
 def rope_reference(x, positions, theta, interleaved):
     d = x.shape[-1]
     inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)

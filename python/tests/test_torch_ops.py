@@ -177,3 +177,36 @@ def test_model_logits_equal_transformers_on_a_random_weight_model(device, tmp_pa
     model = microllm.load_model(str(tmp_path), device=device, dtype="f32")
     got = torch.from_dlpack(model.logits(ids.tolist())).cpu()
     close(got, expected, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_decode_attention_equals_sdpa_over_each_sequence(device):
+    """Two sequences' keys written into shuffled blocks by microllm::paged_kv_write, one decode query each against
+    them (the second within a window of 5) by microllm::paged_attention, against sdpa over each sequence's keys."""
+    torch.manual_seed(6)
+    hq, hkv, d, block = 4, 2, 16, 4
+    lengths = [9, 14]
+    blocks = torch.randperm(8).to(torch.int32)
+    tables = torch.stack([blocks[:4], blocks[4:]]).to(device)
+    k_pool = torch.randn(8, block, hkv, d, device=device)
+    v_pool = torch.randn(8, block, hkv, d, device=device)
+    keys = [torch.randn(n, hkv, d, device=device) for n in lengths]
+    values = [torch.randn(n, hkv, d, device=device) for n in lengths]
+    slots = torch.tensor([int(tables[s][i // block]) * block + i % block for s, n in enumerate(lengths)
+                          for i in range(n)], dtype=torch.int32, device=device)
+    torch.ops.microllm.paged_kv_write(k_pool, v_pool, torch.cat(keys), torch.cat(values), slots)
+    q = torch.randn(2, hq, d, device=device)
+    seq_ids = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    positions = torch.tensor([n - 1 for n in lengths], dtype=torch.int32, device=device)
+    for window in (0, 5):
+        out = torch.ops.microllm.paged_attention(q, k_pool, v_pool, tables, seq_ids, positions, 0.0, 0, window)
+        for n in range(2):
+            first = max(0, lengths[n] - window) if window else 0
+            k = keys[n][first:].transpose(0, 1)[None].repeat_interleave(hq // hkv, 1)
+            v = values[n][first:].transpose(0, 1)[None].repeat_interleave(hq // hkv, 1)
+            expected = torch.nn.functional.scaled_dot_product_attention(q[n][None, :, None], k, v)[0, :, 0]
+            close(out[n], expected, 1e-4, 1e-5)
+    torch.library.opcheck(torch.ops.microllm.paged_attention.default,
+                          (q, k_pool, v_pool, tables, seq_ids, positions, 0.0, 0, 0))
+    torch.library.opcheck(torch.ops.microllm.paged_kv_write.default,
+                          (k_pool.clone(), v_pool.clone(), torch.cat(keys)[:2], torch.cat(values)[:2], slots[:2]))
