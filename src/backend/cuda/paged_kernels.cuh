@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
   chain_next_grids();
   const int D = a.dim;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Token tok = resolve(a, row / a.q_heads, false);                // the partial kernel reported bad values
+    const Token tok = resolve(a, row / a.q_heads, false);                  // the partial kernel reported bad values
     const int used = (tok.len - first_key(a, tok) + a.chunk - 1) / a.chunk;  // 0 for padding
     decode_phases::combine_row(a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * D,
                                used, D, w, scratch, static_cast<T*>(a.out) + row * D);
