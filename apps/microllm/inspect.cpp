@@ -93,6 +93,7 @@ const char* rope_scaling_name(RopeScalingType type) {
     case RopeScalingType::llama3: return "llama3";
     case RopeScalingType::yarn: return "yarn";
     case RopeScalingType::longrope: return "longrope";
+    case RopeScalingType::dynamic: return "dynamic";
   }
   return "?";
 }
@@ -119,7 +120,7 @@ void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
   out << "\n"
       << "max positions " << c.max_position_embeddings;
   if (c.context_limit() < c.max_position_embeddings)
-    out << " (runs " << c.context_limit() << ": longrope's short range)";
+    out << " (runs " << c.context_limit() << ": where the rotary scaling would start to change)";
   out << "\n";
   int64_t windowed = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) windowed += c.window_of(layer) > 0 ? 1 : 0;

@@ -31,7 +31,12 @@ void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, con
     s.reject("mscale_all_dim", "yarn's mscale_all_dim (DeepSeek) is not supported");
     MICROLLM_CHECK(s.boolean_or("truncate", true), NotSupportedError, r.origin(), "field '", field,
                    ".truncate' = false is not supported");
-  } else if (type == "longrope") {
+  } else if (type == "dynamic") {
+    out.type = RopeScalingType::dynamic;
+    out.factor = s.number("factor");
+    out.original_max_position_embeddings =
+        s.integer_or("original_max_position_embeddings", r.integer_or("max_position_embeddings", 2048));
+  } else if (type == "longrope" || type == "su") {  // "su": Phi-3's first name for it
     // The short factors: contexts up to original_max_position_embeddings, where transformers uses them too.
     out.type = RopeScalingType::longrope;
     out.original_max_position_embeddings =
@@ -54,8 +59,9 @@ void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, con
     out.frequency_factors = factors("short_factor");
     out.long_factors = factors("long_factor");
   } else {
-    throw NotSupportedError(r.origin(), str_cat("field '", field, ".rope_type' = \"", type,
-                                                "\" is not supported (have default, linear, llama3, yarn, longrope)"));
+    throw NotSupportedError(r.origin(),
+                            str_cat("field '", field, ".rope_type' = \"", type,
+                                    "\" is not supported (have default, linear, llama3, yarn, longrope, dynamic)"));
   }
 }
 

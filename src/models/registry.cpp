@@ -145,6 +145,11 @@ std::string write_config(const nn::TransformerConfig& c) {
                            {"original_max_position_embeddings", s.original_max_position_embeddings}};
       if (s.attention_factor > 0) j["rope_scaling"]["attention_factor"] = s.attention_factor;
       break;
+    case RopeScalingType::dynamic:
+      j["rope_scaling"] = {{"rope_type", "dynamic"},
+                           {"factor", s.factor},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+      break;
     case RopeScalingType::longrope:
       j["rope_scaling"] = {{"rope_type", "longrope"},
                            {"short_factor", s.frequency_factors},

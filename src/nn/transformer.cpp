@@ -43,7 +43,8 @@ void TransformerConfig::validate() const {
 }
 
 int64_t TransformerConfig::context_limit() const {
-  if (rope.scaling.type != RopeScalingType::longrope) return max_position_embeddings;
+  const RopeScalingType type = rope.scaling.type;
+  if (type != RopeScalingType::longrope && type != RopeScalingType::dynamic) return max_position_embeddings;
   return std::min(max_position_embeddings, rope.scaling.original_max_position_embeddings);
 }
 

@@ -102,7 +102,7 @@ TEST(ModelConfig, RefusesWhatItCannotRunNamingTheField) {
       "chunked_attention");
   EXPECT_NO_THROW(read_config(config_with("qwen2", R"(, "use_sliding_window": false, "sliding_window": 4096)")));
   expect_refused(config_with("qwen2", R"(, "num_experts": 8)"), "num_experts");
-  expect_refused(config_with("llama", R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 4})"), "rope_type");
+  expect_refused(config_with("llama", R"(, "rope_scaling": {"rope_type": "mrope", "factor": 4})"), "rope_type");
   expect_refused(config_with("qwen2", R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": 0.7})"),
                  "mscale");
   expect_refused(config_with("phi3", R"(, "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1]})"),
@@ -186,7 +186,17 @@ TEST(ModelConfig, YarnAndLongropeScalingRead) {
   EXPECT_EQ(longrope.context_limit(), 4096);
   const double f = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
   EXPECT_NEAR(longrope.attention(0).scale, f * f / std::sqrt(8.0), 1e-12);
-  for (const nn::TransformerConfig& c : {yarn, longrope}) {
+  // dynamic: the default frequencies up to the original length (transformers stretches them past it only).
+  const nn::TransformerConfig dynamic = read_config(config_with("llama", R"(, "max_position_embeddings": 8192,
+      "rope_scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4096})"));
+  EXPECT_EQ(dynamic.rope.scaling.type, RopeScalingType::dynamic);
+  EXPECT_EQ(dynamic.context_limit(), 4096);
+  EXPECT_DOUBLE_EQ(dynamic.attention(0).scale, 1 / std::sqrt(8.0));
+  EXPECT_EQ(read_config(config_with("phi3", R"(, "max_position_embeddings": 8192, "rope_scaling": {"type": "su",
+      "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2], "original_max_position_embeddings": 4096})"))
+                .rope.scaling.type,
+            RopeScalingType::longrope);
+  for (const nn::TransformerConfig& c : {yarn, longrope, dynamic}) {
     EXPECT_EQ(write_config(read_config(write_config(c))), write_config(c));
     EXPECT_DOUBLE_EQ(read_config(write_config(c)).attention(0).scale, c.attention(0).scale);
   }

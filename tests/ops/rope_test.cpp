@@ -229,6 +229,10 @@ TEST_P(RopeTest, InverseFrequenciesMatchHuggingFace) {
       }
     }
   }
+  RopeParams dynamic = plain_params();  // the default frequencies within the original length
+  dynamic.scaling.type = RopeScalingType::dynamic;
+  dynamic.scaling.factor = 4;
+  EXPECT_EQ(rope_inv_freq(dynamic, 64), rope_inv_freq(plain_params(), 64));
   const std::vector<float> longrope = rope_inv_freq(longrope_params(), 16);
   const std::vector<double> longrope_ref = reference_inv_freq(longrope_params(), 16);
   for (size_t i = 0; i < longrope_ref.size(); ++i) EXPECT_NEAR(longrope[i], longrope_ref[i], 1e-5 * longrope_ref[i]);

@@ -43,14 +43,16 @@ enum class RopeLayout : uint8_t {
   interleaved,  // (2i, 2i + 1): GPT-J, the original RoFormer, Meta's reference Llama
 };
 
-enum class RopeScalingType : uint8_t { none, linear, llama3, yarn, longrope };
+// dynamic (transformers' dynamic NTK) keeps the default frequencies up to original_max_position_embeddings, where
+// transformers starts to stretch every position's: the context stops there (TransformerConfig::context_limit).
+enum class RopeScalingType : uint8_t { none, linear, llama3, yarn, longrope, dynamic };
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::none;
   double factor = 1.0;            // linear, llama3, yarn; longrope: max_position_embeddings / original
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 8192;  // llama3, yarn, longrope
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn, longrope, dynamic
   double beta_fast = 32.0;                          // yarn: the ramp between extrapolated and interpolated frequencies
   double beta_slow = 1.0;
   // yarn, longrope: transformers scales cos and sin by it; here the attention's scale takes its square

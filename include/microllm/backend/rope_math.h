@@ -14,7 +14,7 @@ namespace microllm {
 
 // inv_freq[i] for i in [0, D/2), computed in A the way transformers computes it in f32
 // (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters, _compute_llama3_parameters,
-// _compute_yarn_parameters, _compute_longrope_parameters).
+// _compute_yarn_parameters, _compute_longrope_parameters). dynamic keeps the default frequencies (kernel_params.h).
 // Python floats meet f32 tensors there, so they round to A; `scalar / tensor` is reciprocal(tensor) * scalar
 // in torch (Tensor.__rtruediv__), which is why the divisions below are written that way.
 template <typename A>

@@ -50,8 +50,9 @@ struct TransformerConfig {
   double final_logit_softcap = 0;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_heads; }
-  // The longest context the model runs: max_position_embeddings, or with longrope scaling its
-  // original_max_position_embeddings (the short factors' range; see RopeScaling::long_factors).
+  // The longest context the model runs: max_position_embeddings, or with longrope or dynamic scaling their
+  // original_max_position_embeddings (where transformers starts to turn every position, cached ones included,
+  // another way: RopeScaling::long_factors, RopeScalingType::dynamic).
   int64_t context_limit() const;
   // Layer `layer`'s window (0: full attention).
   int64_t window_of(int64_t layer) const;
