@@ -30,11 +30,17 @@ RopeParams plain_params(RopeLayout layout = RopeLayout::split_half) {
   return p;
 }
 
-RopeParams linear_params(RopeLayout layout = RopeLayout::split_half) {
+// theta 10000 with a scaling of `type` (factor, original length).
+RopeParams scaled_params(RopeLayout layout, RopeScalingType type, double factor, int64_t original = 8192) {
   RopeParams p = plain_params(layout);
-  p.scaling.type = RopeScalingType::linear;
-  p.scaling.factor = 2.5;
+  p.scaling.type = type;
+  p.scaling.factor = factor;
+  p.scaling.original_max_position_embeddings = original;
   return p;
+}
+
+RopeParams linear_params(RopeLayout layout = RopeLayout::split_half) {
+  return scaled_params(layout, RopeScalingType::linear, 2.5);
 }
 
 // Llama 3.1's settings; with D = 16 its frequencies fall in all three bands (checked below).
@@ -48,19 +54,12 @@ RopeParams llama3_params(RopeLayout layout = RopeLayout::split_half) {
 
 // yarn (Qwen2.5's long-context settings, scaled down: D = 16 has kept, divided and ramped frequencies).
 RopeParams yarn_params(RopeLayout layout = RopeLayout::split_half) {
-  RopeParams p = plain_params(layout);
-  p.scaling.type = RopeScalingType::yarn;
-  p.scaling.factor = 4.0;
-  p.scaling.original_max_position_embeddings = 2048;
-  return p;
+  return scaled_params(layout, RopeScalingType::yarn, 4.0, 2048);
 }
 
 // longrope: one divisor per rotary pair (D = 16: 8 of them).
 RopeParams longrope_params(RopeLayout layout = RopeLayout::split_half) {
-  RopeParams p = plain_params(layout);
-  p.scaling.type = RopeScalingType::longrope;
-  p.scaling.original_max_position_embeddings = 4096;
-  p.scaling.factor = 32;
+  RopeParams p = scaled_params(layout, RopeScalingType::longrope, 32, 4096);
   for (int i = 0; i < 8; ++i) p.scaling.frequency_factors.push_back(1.0 + 0.37 * i * i);
   return p;
 }
@@ -229,9 +228,8 @@ TEST_P(RopeTest, InverseFrequenciesMatchHuggingFace) {
       }
     }
   }
-  RopeParams dynamic = plain_params();  // the default frequencies within the original length
-  dynamic.scaling.type = RopeScalingType::dynamic;
-  dynamic.scaling.factor = 4;
+  // dynamic: the default frequencies within the original length.
+  const RopeParams dynamic = scaled_params(RopeLayout::split_half, RopeScalingType::dynamic, 4.0);
   EXPECT_EQ(rope_inv_freq(dynamic, 64), rope_inv_freq(plain_params(), 64));
   const std::vector<float> longrope = rope_inv_freq(longrope_params(), 16);
   const std::vector<double> longrope_ref = reference_inv_freq(longrope_params(), 16);
