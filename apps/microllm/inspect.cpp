@@ -86,18 +86,6 @@ std::string number_text(double v) {
   return out.str();
 }
 
-const char* rope_scaling_name(RopeScalingType type) {
-  switch (type) {
-    case RopeScalingType::none: return "none";
-    case RopeScalingType::linear: return "linear";
-    case RopeScalingType::llama3: return "llama3";
-    case RopeScalingType::yarn: return "yarn";
-    case RopeScalingType::longrope: return "longrope";
-    case RopeScalingType::dynamic: return "dynamic";
-  }
-  return "?";
-}
-
 void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
   out << "model_type    " << c.model_type << " (" << models::architecture_of(c.model_type) << ")\n"
       << "hidden        " << c.hidden_size << ", intermediate " << c.intermediate_size << "\n"
@@ -107,7 +95,7 @@ void print_architecture(const nn::TransformerConfig& c, std::ostream& out) {
       << "vocab         " << c.vocab_size << "\n"
       << "rope          theta " << number_text(c.rope.theta) << ", "
       << (c.rope.layout == RopeLayout::split_half ? "split-half" : "interleaved") << ", scaling "
-      << rope_scaling_name(c.rope.scaling.type);
+      << models::rope_scaling_name(c.rope.scaling.type);
   if (c.rope.scaling.type != RopeScalingType::none) out << " (factor " << c.rope.scaling.factor;
   if (c.rope.scaling.type == RopeScalingType::llama3) {
     out << ", low/high freq " << c.rope.scaling.low_freq_factor << "/" << c.rope.scaling.high_freq_factor;

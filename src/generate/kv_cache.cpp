@@ -27,6 +27,15 @@ Tensor adjacent_heads(const Tensor& q, const Tensor& k) {
 
 }  // namespace
 
+std::vector<LayerAttention> layer_attention(const nn::TransformerConfig& config) {
+  std::vector<LayerAttention> layers;
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    const nn::AttentionConfig a = config.attention(layer);
+    layers.push_back({a.window, a.scale});
+  }
+  return layers;
+}
+
 Tensor AttentionCache::attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const RopeParams& rope, const LinearWeight& o, const Tensor& addend) {
   return o.linear(attend(layer, q, k, v, rope), addend);
@@ -42,8 +51,8 @@ ContiguousKvCache::ContiguousKvCache(const nn::TransformerConfig& config, int64_
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     keys_.push_back(Tensor::empty(shape, dtype, device));
     values_.push_back(Tensor::empty(shape, dtype, device));
-    windows_.push_back(config.window_of(layer));
   }
+  layers_ = layer_attention(config);
 }
 
 size_t ContiguousKvCache::bytes() const {
@@ -60,10 +69,10 @@ Tensor ContiguousKvCache::attend(int layer, const Tensor& q_in, const Tensor& k_
   const int64_t batch = q_in.size(0), tokens = q_in.size(1), hq = q_in.size(2), d = q_in.size(3);
   MICROLLM_CHECK(length_ + tokens <= capacity_, ValueError, "kv_cache", "appending ", tokens, " tokens to ", length_,
                  " exceeds the capacity of ", capacity_);
-  const Tensor positions =
-      positions_.defined() ? positions_
-                           : Tensor::arange(static_cast<double>(length_), static_cast<double>(length_ + tokens), 1,
-                                            DType::i64, q_in.device());
+  const Tensor positions = positions_.defined()
+                               ? positions_
+                               : Tensor::arange(static_cast<double>(length_), static_cast<double>(length_ + tokens), 1,
+                                                DType::i64, q_in.device());
   Tensor q, k;
   if (const Tensor qk = adjacent_heads(q_in, k_in); qk.defined()) {
     const Tensor turned = microllm::rope(qk, positions, rope_params);
@@ -79,11 +88,12 @@ Tensor ContiguousKvCache::attend(int layer, const Tensor& q_in, const Tensor& k_
   const int64_t keys = length_ + tokens;
   AttentionParams params;
   params.q_offset = length_;
-  params.window = windows_[at];
+  params.window = layers_[at].window;
+  params.scale = layers_[at].scale;
   const Tensor mask = key_mask_.defined() ? key_mask_.narrow(3, 0, keys) : Tensor();
-  const Tensor out = microllm::attention(q.transpose(1, 2), keys_[at].narrow(2, 0, keys),
-                                         values_[at].narrow(2, 0, keys), params, mask)
-                         .out;  // [B, Hq, T, D]
+  const Tensor out =
+      microllm::attention(q.transpose(1, 2), keys_[at].narrow(2, 0, keys), values_[at].narrow(2, 0, keys), params, mask)
+          .out;  // [B, Hq, T, D]
   return out.transpose(1, 2).reshape({batch, tokens, hq * d});
 }
 
@@ -104,8 +114,8 @@ PagedKvCache::PagedKvCache(const nn::TransformerConfig& config, int64_t num_bloc
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     keys_.push_back(Tensor::empty(shape, dtype, device));
     values_.push_back(Tensor::empty(shape, dtype, device));
-    windows_.push_back(config.window_of(layer));
   }
+  layers_ = layer_attention(config);
 }
 
 size_t PagedKvCache::bytes() const {
@@ -125,24 +135,24 @@ Tensor PagedDecode::attend(int layer, const Tensor& q, const Tensor& k, const Te
   MICROLLM_CHECK(q.size(1) == 1, ShapeError, "paged_decode", "a decode step takes one token per row, got ", q.size(1));
   const Tensor out = Tensor::empty({batch, q.size(2), q.size(3)}, q.dtype(), q.device());
   paged_decode_attention(q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer), cache_.values(layer),
-                         in_.slots, in_.block_tables, in_.seq_ids, in_.positions, 0, in_.max_context, out,
-                         cache_.window(layer));
+                         in_.slots, in_.block_tables, in_.seq_ids, in_.positions, cache_.attention(layer).scale,
+                         in_.max_context, out, cache_.attention(layer).window);
   return out.reshape({batch, 1, q.size(2) * q.size(3)});
 }
 
 Tensor PagedDecode::attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const RopeParams& rope, const LinearWeight& o, const Tensor& addend) {
   const Tensor o_matrix = o.dense_matrix();
-  if (!o_matrix.defined() || o.bias().defined()) return AttentionCache::attend_projected(layer, q, k, v, rope, o, addend);
+  if (!o_matrix.defined() || o.bias().defined())
+    return AttentionCache::attend_projected(layer, q, k, v, rope, o, addend);
   check_inference("paged_decode");
   const int64_t batch = q.size(0), hidden = o.out_features();
   MICROLLM_CHECK(q.size(1) == 1, ShapeError, "paged_decode", "a decode step takes one token per row, got ", q.size(1));
   const Tensor out = Tensor::empty({batch, hidden}, q.dtype(), q.device());
-  paged_decode_attention_projected(q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer),
-                                   cache_.values(layer), in_.slots, in_.block_tables, in_.seq_ids, in_.positions, 0,
-                                   in_.max_context, o_matrix,
-                                   addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out,
-                                   cache_.window(layer));
+  paged_decode_attention_projected(
+      q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer), cache_.values(layer), in_.slots,
+      in_.block_tables, in_.seq_ids, in_.positions, cache_.attention(layer).scale, in_.max_context, o_matrix,
+      addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out, cache_.attention(layer).window);
   return out.reshape({batch, 1, hidden});
 }
 
@@ -166,7 +176,8 @@ Tensor PagedPrefill::attend(int layer, const Tensor& q_in, const Tensor& k_in, c
   }
   AttentionParams params;
   params.q_offset = in_.chunk_start;
-  params.window = cache_.window(layer);
+  params.window = cache_.attention(layer).window;
+  params.scale = cache_.attention(layer).scale;
   const Tensor out = microllm::attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), params).out;
   return out.transpose(1, 2).reshape({batch, tokens, hq * d});
 }

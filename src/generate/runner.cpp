@@ -1,7 +1,5 @@
 #include "microllm/generate/runner.h"
 
-#include <cmath>
-
 #include "microllm/autograd/variable.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
@@ -49,6 +47,7 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
   MICROLLM_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f64, DTypeError,
                  "runner", "the compute dtype must be f32, bf16, f16 or f64, got ", dtype);
   embedding_ = in_dtype(model.embed_tokens().weight(), dtype);
+  embedding_scale_ = config_.embedding_scale_in(dtype);
   trace_device_ = embedding_.device().is_cuda() ? embedding_.device().index : -1;
   final_norm_ = in_dtype(model.norm().weight(), dtype);
   head_ = model.lm_head() ? single(*model.lm_head(), dtype) : LinearWeight::dense(embedding_);
@@ -72,11 +71,7 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
     b.gate_up = joined(layer->mlp().gate_up(), dtype);
     b.down = single(layer->mlp().down_proj(), dtype);
     b.activation = layer->mlp().activation();
-    // The caches attend with 1 / sqrt(head_dim): another scale (Gemma's query_pre_attn_scalar, yarn's attention
-    // factor) rides in q, which the rotation and the scores take linearly.
-    const nn::AttentionConfig& a = attention.config();
-    b.rope = a.rope;
-    b.q_factor = a.scale > 0 ? a.scale * std::sqrt(static_cast<double>(a.head_dim)) : 1.0;
+    b.rope = attention.config().rope;  // the layer's (Gemma's sliding layers turn by their own base)
     blocks_.push_back(std::move(b));
   }
 }
@@ -94,7 +89,6 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
     q = rms_norm(q, b.q_norm, b.eps);
     k = rms_norm(k, b.k_norm, b.eps);
   }
-  if (b.q_factor != 1) q = scale(q, b.q_factor);
   return cache.attend_projected(index, q, k, v, b.rope, b.o, addend);
 }
 
@@ -132,7 +126,7 @@ std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cach
   MemoryCategoryScope memory(MemoryCategory::activations);
   MICROLLM_CHECK(ids.dim() == 2, ShapeError, "runner", "ids must be [B, T], got ", ids.shape());
   Tensor delta = embedding(embedding_, ids), residual;
-  if (config_.embedding_scale != 1) delta = scale(delta, config_.embedding_scale_in(dtype_));
+  if (embedding_scale_ != 1) delta = scale(delta, embedding_scale_);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     std::tie(delta, residual) = block(static_cast<int>(i), delta, residual, cache);
   }

@@ -3,11 +3,12 @@
 
 namespace microllm::models {
 
-void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, const std::string& field,
-                       RopeScaling& out) {
-  if (scaling.is_null()) return;
-  MICROLLM_CHECK(scaling.is_object(), ParseError, r.origin(), "field '", field, "' must be an object or null");
-  const ConfigReader s(scaling, r.origin());
+void read_rope(const ConfigReader& r, const nlohmann::json& fields, const std::string& field, RopeParams& rope) {
+  if (fields.is_null()) return;
+  MICROLLM_CHECK(fields.is_object(), ParseError, r.origin(), "field '", field, "' must be an object or null");
+  const ConfigReader s(fields, r.origin());
+  rope.theta = s.number_or("rope_theta", rope.theta);
+  RopeScaling& out = rope.scaling;
   const std::string type = s.string_or("rope_type", s.string_or("type", "default"));
   if (type == "default") return;
   if (type == "linear") {
@@ -77,13 +78,8 @@ nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::strin
   c.head_dim = r.integer_or("head_dim", 0);
   c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
   c.rope.theta = r.number_or("rope_theta", 10000.0);
-  if (r.has("rope_parameters")) {  // transformers >= 5 writes theta and scaling here
-    const nlohmann::json& p = r.raw("rope_parameters");
-    MICROLLM_CHECK(p.is_object(), ParseError, r.origin(), "field 'rope_parameters' must be an object");
-    c.rope.theta = ConfigReader(p, r.origin()).number_or("rope_theta", c.rope.theta);
-    read_rope_scaling(r, p, "rope_parameters", c.rope.scaling);
-  }
-  if (r.has("rope_scaling")) read_rope_scaling(r, r.raw("rope_scaling"), "rope_scaling", c.rope.scaling);
+  if (r.has("rope_parameters")) read_rope(r, r.raw("rope_parameters"), "rope_parameters", c.rope);  // transformers 5
+  if (r.has("rope_scaling")) read_rope(r, r.raw("rope_scaling"), "rope_scaling", c.rope);
   c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
   c.max_position_embeddings = r.integer_or("max_position_embeddings", 2048);
   c.initializer_range = r.number_or("initializer_range", 0.02);

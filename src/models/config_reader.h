@@ -75,10 +75,10 @@ class ConfigReader {
 // The fields every Llama-like family shares (sizes, norm eps, rope, tying, special ids, the MLP's activation).
 nn::TransformerConfig read_common_fields(const ConfigReader& r, const std::string& model_type);
 
-// A rope_scaling (or rope_parameters) object into `out`: linear, llama3, yarn, longrope (its short factors);
-// "default" leaves `out` as it is. `field` names it in errors.
-void read_rope_scaling(const ConfigReader& r, const nlohmann::json& scaling, const std::string& field,
-                       RopeScaling& out);
+// A rope_parameters (transformers 5) or rope_scaling object into `rope`: its rope_theta where given, and its scaling
+// (linear, llama3, yarn, longrope's short factors, dynamic; "default" leaves the scaling as it is). null: nothing.
+// `field` names it in errors.
+void read_rope(const ConfigReader& r, const nlohmann::json& fields, const std::string& field, RopeParams& rope);
 // layer_types: one "sliding_attention" or "full_attention" per layer, into c.sliding_layers.
 void read_layer_types(const ConfigReader& r, nn::TransformerConfig& c);
 

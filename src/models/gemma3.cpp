@@ -16,12 +16,8 @@ namespace {
 RopeParams rope_of(const ConfigReader& r, const char* layer_type, const RopeParams& fallback) {
   RopeParams rope = fallback;
   if (!r.has("rope_parameters") || !r.raw("rope_parameters").contains(layer_type)) return rope;
-  const nlohmann::json& p = r.raw("rope_parameters")[layer_type];
-  const std::string field = str_cat("rope_parameters.", layer_type);
-  MICROLLM_CHECK(p.is_object(), ParseError, r.origin(), "field '", field, "' must be an object");
-  rope.theta = ConfigReader(p, r.origin()).number_or("rope_theta", rope.theta);
   rope.scaling = {};
-  read_rope_scaling(r, p, field, rope.scaling);
+  read_rope(r, r.raw("rope_parameters")[layer_type], str_cat("rope_parameters.", layer_type), rope);
   return rope;
 }
 

@@ -67,7 +67,41 @@ void check_round_trip(const nn::TransformerConfig& c, const nn::TransformerConfi
   same(same_windows, "sliding window");
 }
 
+// config.json's rope_scaling object of a scaling (null: none), the fields each type reads.
+json rope_scaling_json(const RopeScaling& s) {
+  if (s.type == RopeScalingType::none) return nullptr;
+  json j = {{"rope_type", rope_scaling_name(s.type)}};
+  if (s.type != RopeScalingType::longrope) j["factor"] = s.factor;  // longrope's is max / original
+  if (s.type == RopeScalingType::llama3) {
+    j["low_freq_factor"] = s.low_freq_factor;
+    j["high_freq_factor"] = s.high_freq_factor;
+  }
+  if (s.type == RopeScalingType::yarn) {
+    j["beta_fast"] = s.beta_fast;
+    j["beta_slow"] = s.beta_slow;
+  }
+  if (s.type == RopeScalingType::longrope) {
+    j["short_factor"] = s.frequency_factors;
+    j["long_factor"] = s.long_factors;
+  }
+  if (s.type != RopeScalingType::linear) j["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  if (s.attention_factor > 0) j["attention_factor"] = s.attention_factor;  // yarn, longrope
+  return j;
+}
+
 }  // namespace
+
+const char* rope_scaling_name(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::none: return "default";
+    case RopeScalingType::linear: return "linear";
+    case RopeScalingType::llama3: return "llama3";
+    case RopeScalingType::yarn: return "yarn";
+    case RopeScalingType::longrope: return "longrope";
+    case RopeScalingType::dynamic: return "dynamic";
+  }
+  return "?";
+}
 
 void register_family(Family family) {
   MICROLLM_CHECK(!family.model_type.empty() && family.read, ValueError, "models",
@@ -126,38 +160,7 @@ std::string write_config(const nn::TransformerConfig& c) {
   j["hidden_act"] = activation_name(c.mlp_activation);
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope.theta;
-  const RopeScaling& s = c.rope.scaling;
-  switch (s.type) {
-    case RopeScalingType::none: j["rope_scaling"] = nullptr; break;
-    case RopeScalingType::linear: j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}}; break;
-    case RopeScalingType::llama3:
-      j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", s.factor},
-                           {"low_freq_factor", s.low_freq_factor},
-                           {"high_freq_factor", s.high_freq_factor},
-                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
-      break;
-    case RopeScalingType::yarn:
-      j["rope_scaling"] = {{"rope_type", "yarn"},
-                           {"factor", s.factor},
-                           {"beta_fast", s.beta_fast},
-                           {"beta_slow", s.beta_slow},
-                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
-      if (s.attention_factor > 0) j["rope_scaling"]["attention_factor"] = s.attention_factor;
-      break;
-    case RopeScalingType::dynamic:
-      j["rope_scaling"] = {{"rope_type", "dynamic"},
-                           {"factor", s.factor},
-                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
-      break;
-    case RopeScalingType::longrope:
-      j["rope_scaling"] = {{"rope_type", "longrope"},
-                           {"short_factor", s.frequency_factors},
-                           {"long_factor", s.long_factors},
-                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
-      if (s.attention_factor > 0) j["rope_scaling"]["attention_factor"] = s.attention_factor;
-      break;
-  }
+  j["rope_scaling"] = rope_scaling_json(c.rope.scaling);
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["initializer_range"] = c.initializer_range;

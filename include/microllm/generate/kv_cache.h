@@ -30,6 +30,14 @@ struct TransformerConfig;
 
 namespace microllm::generate {
 
+// What a layer's attention takes from the config besides q, k and v: its sliding window (0: every earlier key) and
+// its score scale (Gemma's query_pre_attn_scalar, yarn's attention factor; nn::TransformerConfig::attention).
+struct LayerAttention {
+  int64_t window = 0;
+  double scale = 0;
+};
+std::vector<LayerAttention> layer_attention(const nn::TransformerConfig& config);  // one a layer
+
 class AttentionCache {
  public:
   virtual ~AttentionCache() = default;
@@ -62,7 +70,7 @@ class ContiguousKvCache : public AttentionCache {
 
  private:
   std::vector<Tensor> keys_, values_;
-  std::vector<int64_t> windows_;  // each layer's sliding window (0: none)
+  std::vector<LayerAttention> layers_;
   int64_t length_ = 0, capacity_;
   Tensor positions_, key_mask_;
 };
@@ -76,8 +84,8 @@ class PagedKvCache {
   // [num_blocks, block_size, Hkv, D]
   const Tensor& keys(int layer) const { return keys_.at(static_cast<size_t>(layer)); }
   const Tensor& values(int layer) const { return values_.at(static_cast<size_t>(layer)); }
-  // The layer's sliding window (0: every earlier key), the config's.
-  int64_t window(int layer) const { return windows_.at(static_cast<size_t>(layer)); }
+  // The layer's window and score scale, the config's.
+  const LayerAttention& attention(int layer) const { return layers_.at(static_cast<size_t>(layer)); }
   size_t bytes() const;
   // The bytes one block holds over all layers (keys and values).
   static size_t block_bytes(const nn::TransformerConfig& config, int64_t block_size, DType dtype);
@@ -85,7 +93,7 @@ class PagedKvCache {
  private:
   int64_t num_blocks_, block_size_;
   std::vector<Tensor> keys_, values_;
-  std::vector<int64_t> windows_;
+  std::vector<LayerAttention> layers_;
 };
 
 // One decode step over a paged cache. Every tensor is i32 on the cache's device, read there (a CUDA graph replays
@@ -93,10 +101,10 @@ class PagedKvCache {
 class PagedDecode : public AttentionCache {
  public:
   struct Inputs {
-    Tensor slots;         // [B]: where each row's new k/v go; < 0: a padding row, not written
-    Tensor block_tables;  // [S, max_blocks]: each sequence's blocks in order
-    Tensor seq_ids;       // [B]: each row's row of block_tables
-    Tensor positions;     // [B]: each row's position (rotary, and it attends to keys 0..position); < 0: padding
+    Tensor slots;             // [B]: where each row's new k/v go; < 0: a padding row, not written
+    Tensor block_tables;      // [S, max_blocks]: each sequence's blocks in order
+    Tensor seq_ids;           // [B]: each row's row of block_tables
+    Tensor positions;         // [B]: each row's position (rotary, and it attends to keys 0..position); < 0: padding
     int64_t max_context = 0;  // a bound on position + 1 over the rows
   };
   PagedDecode(const PagedKvCache& cache, Inputs inputs) : cache_(cache), in_(std::move(inputs)) {}
@@ -113,9 +121,9 @@ class PagedDecode : public AttentionCache {
 class PagedPrefill : public AttentionCache {
  public:
   struct Inputs {
-    Tensor slots;         // [B * T]: where each token's k/v go; < 0: padding, not written
-    Tensor positions;     // [B, T]: rotary positions
-    Tensor block_tables;  // [S, max_blocks]
+    Tensor slots;             // [B * T]: where each token's k/v go; < 0: padding, not written
+    Tensor positions;         // [B, T]: rotary positions
+    Tensor block_tables;      // [S, max_blocks]
     int64_t chunk_start = 0;  // the chunk's first position (B == 1), or 0 for whole prompts (B >= 1)
     int64_t chunk_row = 0;    // the chunk's sequence's row of block_tables (read when chunk_start > 0)
   };

@@ -54,8 +54,7 @@ class Runner {
     LinearWeight qkv, o, gate_up, down;
     Tensor q_norm, k_norm;  // QK-norm weights, or undefined
     nn::MlpActivation activation;
-    RopeParams rope;      // the layer's rotary embedding
-    double q_factor = 1;  // q multiplied by it where the layer's score scale is not 1 / sqrt(head_dim)
+    RopeParams rope;  // the layer's rotary embedding
   };
   // The embedding and every block: the residual stream as (delta, residual), each sum left to the next norm.
   std::pair<Tensor, Tensor> layers(const Tensor& ids, AttentionCache& cache) const;
@@ -66,6 +65,7 @@ class Runner {
   DType dtype_;
   int trace_device_ = -1;  // the CUDA device its GPU trace spans are on; -1: the CPU
   Tensor embedding_, final_norm_;
+  double embedding_scale_ = 1;  // the config's, rounded to the compute dtype
   LinearWeight head_;
   std::vector<Block> blocks_;
 };

@@ -40,5 +40,7 @@ std::vector<int64_t> stop_token_ids(const std::string& directory, const nn::Tran
 std::vector<std::string> supported_model_types();
 // "Qwen2ForCausalLM" for "qwen2"; throws NotSupportedError for an unknown model_type.
 std::string architecture_of(const std::string& model_type);
+// config.json's rope_type of a rotary scaling ("default" for none, "linear", "llama3", "yarn", ...).
+const char* rope_scaling_name(RopeScalingType type);
 
 }  // namespace microllm::models
