@@ -369,7 +369,10 @@ void decode_norm_linear_ops(const Model& m) {
       stream.synchronize();
       const OffOnMs ms = gemv_off_and_on_ms(
           stream, pool,
-          [&](int i) { rms_norm_linear(x, residual, gamma, 1e-6, weights[static_cast<size_t>(i)], bias, p.swiglu); },
+          [&](int i) {
+            rms_norm_linear(x, residual, gamma, 1e-6, weights[static_cast<size_t>(i)], bias,
+                            p.swiglu ? GatedActivation::swiglu : GatedActivation::none);
+          },
           copies);
       const double separate_ms = ms.off, folded_ms = ms.on;
       const int64_t n = p.swiglu ? p.weight_rows / 2 : p.weight_rows;
@@ -405,7 +408,7 @@ void norm_gate_up_ops(const Model& m) {
     for (const bool on : {true, false}) {
       set_fused_swiglu_gemm(on);
       report(on ? "norm_gate_up_swiglu" : "norm_gate_up_swiglu_unfused", m.name, t, shape, bytes, flops,
-             [&] { rms_norm_linear(x, res, gamma, 1e-6, weight, Tensor(), true); });
+             [&] { rms_norm_linear(x, res, gamma, 1e-6, weight, Tensor(), GatedActivation::swiglu); });
     }
     set_fused_swiglu_gemm(fused);
   }

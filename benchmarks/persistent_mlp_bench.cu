@@ -274,7 +274,8 @@ void run() {
     launch_persistent(0);
     CK(cudaStreamSynchronize(s));
     const Tensor o_ref = linear(attn, w_o[0], Tensor());
-    const NormLinearResult r = rms_norm_linear(o_ref, residual, ln2[0], eps, w_gu[0], Tensor(), true);
+    const NormLinearResult r =
+        rms_norm_linear(o_ref, residual, ln2[0], eps, w_gu[0], Tensor(), GatedActivation::swiglu);
     const Tensor out_ref = linear(r.out, w_down[0], Tensor());
     CK(cudaStreamSynchronize(s));
     auto rel = [](const Tensor& x, const Tensor& y) {
@@ -308,7 +309,8 @@ void run() {
   };
   auto chained = [&](int l) {
     const Tensor o_l = linear(attn, w_o[l], Tensor());
-    const NormLinearResult r = rms_norm_linear(o_l, residual, ln2[l], eps, w_gu[l], Tensor(), true);
+    const NormLinearResult r =
+        rms_norm_linear(o_l, residual, ln2[l], eps, w_gu[l], Tensor(), GatedActivation::swiglu);
     (void)linear(r.out, w_down[l], Tensor());
   };
   auto persistent = [&](int l) { launch_persistent(l); };
@@ -325,7 +327,7 @@ void run() {
   std::printf("| o only | %.2f | %.2f |\n", time_graph([&](int l) { (void)linear(attn, w_o[l], Tensor()); }),
               persistent_phases(1));
   std::printf("| gate_up only (with the RMSNorm, SwiGLU) | %.2f | %.2f |\n", time_graph([&](int l) {
-                (void)rms_norm_linear(attn, residual, ln2[l], eps, w_gu[l], Tensor(), true);
+                (void)rms_norm_linear(attn, residual, ln2[l], eps, w_gu[l], Tensor(), GatedActivation::swiglu);
               }),
               persistent_phases(2));
   std::printf("| down only | %.2f | %.2f |\n",

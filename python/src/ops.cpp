@@ -183,14 +183,24 @@ void bind_linear_algebra(py::module_& ops) {
   ops.def(
       "rms_norm_linear",
       [](const Tensor& x, const OptionalTensor& residual, const Tensor& norm_weight, double eps, const Tensor& weight,
-         const OptionalTensor& bias, bool swiglu) {
-        NormLinearResult result =
-            rms_norm_linear(x, or_undefined(residual), norm_weight, eps, weight, or_undefined(bias), swiglu);
+         const OptionalTensor& bias, const std::string& gate, const OptionalTensor& x_norm_weight) {
+        GatedActivation g = GatedActivation::none;
+        if (gate == "swiglu") {
+          g = GatedActivation::swiglu;
+        } else if (gate == "geglu") {
+          g = GatedActivation::geglu;
+        } else if (gate != "none") {
+          throw ValueError("rms_norm_linear",
+                           str_cat("gate must be \"none\", \"swiglu\" or \"geglu\", got \"", gate, "\""));
+        }
+        NormLinearResult result = rms_norm_linear(x, or_undefined(residual), norm_weight, eps, weight,
+                                                  or_undefined(bias), g, or_undefined(x_norm_weight));
         return std::pair{result.out, result.h};
       },
       py::arg("x"), py::arg("residual"), py::arg("norm_weight"), py::arg("eps"), py::arg("weight"),
-      py::arg("bias") = py::none(), py::arg("swiglu") = false, Guard(),
-      "(out, h): h = x + residual, out = rms_norm(h) @ weight^T + bias (SwiGLU of its halves with swiglu)");
+      py::arg("bias") = py::none(), py::arg("gate") = "none", py::arg("x_norm_weight") = py::none(), Guard(),
+      "(out, h): h = x' + residual with x' = x or rms_norm(x) * x_norm_weight, out = rms_norm(h) @ weight^T + bias, "
+      "gated over its halves with gate \"swiglu\" or \"geglu\"");
   ops.def("softmax", &softmax, py::arg("x"), py::arg("dim") = -1, Guard());
   ops.def("log_softmax", &log_softmax, py::arg("x"), py::arg("dim") = -1, Guard());
 }

@@ -188,10 +188,21 @@ def test_rms_norm_linear(rng):
     out, h = ops.rms_norm_linear(T(x), T(residual), T(norm_w), 1e-6, T(w), T(bias))
     close(h, x + residual)
     close(out, n @ w.T + bias, rtol=1e-4, atol=1e-4)
-    gated, _ = ops.rms_norm_linear(T(x), None, T(norm_w), 1e-6, T(w), swiglu=True)
+    gated, _ = ops.rms_norm_linear(T(x), None, T(norm_w), 1e-6, T(w), gate="swiglu")
     projected = rms_norm_reference(x, norm_w, 1e-6) @ w.T
     gate, up = projected[:, :6], projected[:, 6:]
     close(gated, gate / (1 + np.exp(-gate)) * up, rtol=1e-4, atol=1e-4)
+    # A sandwich block: x normalized by its own weight before the residual add, then GeGLU (Gemma's MLP input).
+    x_norm_w = normal(rng, 16)
+    gated, h = ops.rms_norm_linear(T(x), T(residual), T(norm_w), 1e-6, T(w), gate="geglu", x_norm_weight=T(x_norm_w))
+    h_want = rms_norm_reference(x, x_norm_w, 1e-6) + residual
+    close(h, h_want, rtol=1e-5, atol=1e-5)
+    projected = rms_norm_reference(h_want, norm_w, 1e-6) @ w.T
+    gate, up = projected[:, :6], projected[:, 6:]
+    gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)))
+    close(gated, gelu * up, rtol=1e-4, atol=1e-4)
+    with pytest.raises(microllm.ValueError, match="gate must be"):
+        ops.rms_norm_linear(T(x), None, T(norm_w), 1e-6, T(w), gate="relu")
 
 
 def softmax_reference(x, axis):

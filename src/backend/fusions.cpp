@@ -9,18 +9,37 @@ namespace microllm {
 Fusions& cuda_fusions(int device);  // src/backend/cuda/cuda_backend.cpp
 #endif
 
-bool Fusions::folds_rms_norm_linear(int64_t, const Tensor&, bool) const { return false; }
+bool Fusions::folds_rms_norm_linear(int64_t, const Tensor&, GatedActivation) const { return false; }
 
-void Fusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                              const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                              const Tensor& h_out) {
-  const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                              const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
+                              GatedActivation gate, const Tensor& out, const Tensor& h_out) {
   const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  primitives_.rms_norm(x, residual, norm_weight, eps, normed, h_out, rstd);
-  if (swiglu) {
-    linear_swiglu(normed, weight, bias, out);
-  } else {
-    primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
+  Tensor input = x;
+  if (x_norm_weight.defined()) {  // the sublayer output's own norm, before the residual add
+    input = Tensor::empty(x.shape(), x.dtype(), x.device());
+    primitives_.rms_norm(x, Tensor(), x_norm_weight, eps, input, Tensor(), rstd);
+  }
+  const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  // h_out receives input + residual; without a residual, a copy of the normalized input (its h).
+  primitives_.rms_norm(input, residual, norm_weight, eps, normed, residual.defined() ? h_out : Tensor(), rstd);
+  if (h_out.defined() && !residual.defined()) Tensor(h_out).copy_(input);  // a handle to the same storage
+  switch (gate) {
+    case GatedActivation::none:
+      primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
+      break;
+    case GatedActivation::swiglu:
+      linear_swiglu(normed, weight, bias, out);
+      break;
+    case GatedActivation::geglu: {
+      const int64_t n = out.size(1);
+      const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
+      primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
+      const Tensor activated = Tensor::empty({x.size(0), n}, x.dtype(), x.device());
+      primitives_.unary(UnaryOp::gelu_tanh, gate_up.narrow(1, 0, n), 0.0, activated);
+      primitives_.binary(BinaryOp::mul, activated, gate_up.narrow(1, n, n), out);
+      break;
+    }
   }
 }
 

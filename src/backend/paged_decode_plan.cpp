@@ -36,14 +36,20 @@ size_t size_staged(DecodePlan& p, const DecodeShape& s, int R, int64_t chunk) {
   return static_cast<size_t>(p.stage_bytes) + static_cast<size_t>(R * (s.dim + chunk) + 2 * R + chunk) * sizeof(float);
 }
 
+// The most keys a CTA of R rows stages at once: kMaxChunk, or fewer where a key's rows are long (D 256: 128 keys
+// for one row a CTA).
+int64_t chunk_cap(const DecodeShape& s, int R) {
+  const int64_t budget = R == 1 ? kStageBudgetAlone : kStageBudget;
+  return std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / staged_key_bytes(s)) / 32 * 32);
+}
+
 // The staged kernel's key loop for R rows a CTA, from what the host knows only (tokens, heads, keys(): max_context
 // or the window): the same grid on every replay. One split when the keys fit a chunk (no combine); past it, splits
 // that give the grid kSplitCtasPerSm CTAs an SM, each at least kMinSplitChunk keys.
 size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
   p.rows_per_cta = R;
   p.row_blocks = static_cast<int>(ceil_div(group_of(s), R));
-  const int64_t budget = R == 1 ? kStageBudgetAlone : kStageBudget;
-  const int64_t cap = std::max<int64_t>(32, std::min<int64_t>(kMaxChunk, budget / staged_key_bytes(s)) / 32 * 32);
+  const int64_t cap = chunk_cap(s, R);
   const int64_t base_ctas = s.tokens * s.kv_heads * p.row_blocks;
   int64_t chunk = cap;
   if (s.keys() <= cap) {
@@ -59,11 +65,13 @@ size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
 
 // Rows per CTA: a whole GQA group (up to 8 query heads share each staged key) when the grid fills the GPU anyway,
 // through many tokens or a long context's splits; one query head per CTA when tokens x kv heads is small and the
-// context fits one chunk (a batch-1 decode step: 2 CTAs of 8 rows on 132 SMs otherwise), so each CTA does an
-// eighth of the score and P.V work and the group's heads run side by side (their shared K/V rows come from L2).
+// context fits one such CTA's chunk (a batch-1 decode step: 2 CTAs of 8 rows on 132 SMs otherwise), so each CTA does
+// an eighth of the score and P.V work and the group's heads run side by side (their shared K/V rows come from L2).
+// Past that chunk (D 256 past 128 keys) the splits would cost a combine: the group's rows stay together instead,
+// where a token's cluster takes the keys in slices.
 bool one_head_per_cta(const DecodeShape& s, int sms) {
   const int64_t grouped_ctas = s.tokens * s.kv_heads * ceil_div(group_of(s), kRowsPerCta);
-  return group_of(s) > 1 && grouped_ctas < sms && s.keys() <= kMaxChunk;
+  return group_of(s) > 1 && grouped_ctas < sms && s.keys() <= chunk_cap(s, 1);
 }
 
 // The o projection's share of a token's work in a cluster kernel of cluster_ctas CTAs: `replicas` clusters a token

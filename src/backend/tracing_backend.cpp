@@ -188,15 +188,15 @@ void TracingFusions::linear_swiglu(const Tensor& x, const Tensor& weight, const 
   inner_.linear_swiglu(x, weight, bias, out);
 }
 
-void TracingFusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                                     const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                                     const Tensor& h_out) {
+void TracingFusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                     const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
+                                     GatedActivation gate, const Tensor& out, const Tensor& h_out) {
   Scope span("rms_norm_linear", "op");
-  inner_.rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
+  inner_.rms_norm_linear(x, x_norm_weight, residual, norm_weight, eps, weight, bias, gate, out, h_out);
 }
 
-bool TracingFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
-  return inner_.folds_rms_norm_linear(rows, weight, swiglu);
+bool TracingFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const {
+  return inner_.folds_rms_norm_linear(rows, weight, gate);
 }
 
 void TracingFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,

@@ -72,10 +72,10 @@ class TracingFusions final : public Fusions {
   TracingFusions(Backend& primitives, Fusions& inner) : Fusions(primitives), inner_(inner) {}
 
   void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
-  void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                       const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                       const Tensor& h_out) override;
-  bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const override;
+  void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                       const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
+                       GatedActivation gate, const Tensor& out, const Tensor& h_out) override;
+  bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const override;
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,

@@ -29,10 +29,8 @@ LinearWeight joined(const nn::FusedProjections& group, DType dtype) {
   return LinearWeight::dense(concat(weights, 0), biases.empty() ? Tensor() : concat(biases, 0));
 }
 
-// GeGLU from gate_up [.., 2N]: gelu_tanh(gate) * up (SwiGLU, the other activation, rides in norm_linear).
-Tensor geglu(const Tensor& gate_up) {
-  const int64_t n = gate_up.size(-1) / 2;
-  return mul(gelu(gate_up.narrow(-1, 0, n), /*tanh_approximation=*/true), gate_up.narrow(-1, n, n));
+GatedActivation gate_of(nn::MlpActivation activation) {
+  return activation == nn::MlpActivation::silu ? GatedActivation::swiglu : GatedActivation::geglu;
 }
 
 LinearWeight single(const nn::Linear& linear, DType dtype) {
@@ -70,7 +68,7 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
     }
     b.gate_up = joined(layer->mlp().gate_up(), dtype);
     b.down = single(layer->mlp().down_proj(), dtype);
-    b.activation = layer->mlp().activation();
+    b.gate = gate_of(layer->mlp().activation());
     b.rope = attention.config().rope;  // the layer's (Gemma's sliding layers turn by their own base)
     blocks_.push_back(std::move(b));
   }
@@ -92,34 +90,44 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
   return cache.attend_projected(index, q, k, v, b.rope, b.o, addend);
 }
 
-// One block over the residual stream entering it (residual + x; x alone when residual is undefined). Returns
-// (delta, residual) of the stream after it. Each RMSNorm and the projection after it are one op (a CUDA decode
-// layer is five kernels), SwiGLU included; in pre-norm blocks the residual adds ride in the projection before
-// them (o, down: one rounding where Hugging Face rounds twice), except the attention's where the backend folds
-// the MLP's RMSNorm into gate_up's kernel (then it adds it there while it stages its input): then delta is the
-// whole output and the residual undefined.
-std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor& residual,
+// One block over the residual stream entering it (residual + x'; x' = x, or rms_norm(x, x_norm) where the block
+// before still owes its sublayer output's norm; x' alone when residual is undefined). Returns (delta, residual) of
+// the stream after it. Each RMSNorm and the projection after it are one op (a CUDA decode layer is five kernels),
+// the gate included, and so is a sandwich block's sublayer output norm: the next norm_linear takes it as its
+// x_norm (the MLP's of this block; the attention's of the next, whose x_norm this block's post-feedforward norm
+// is). In pre-norm blocks the residual adds ride in the projection before them (o, down: one rounding where Hugging
+// Face rounds twice), except the attention's where the backend folds the MLP's RMSNorm into gate_up's kernel (then
+// it adds it there while it stages its input): then delta is the whole output and the residual undefined.
+std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor& x_norm, const Tensor& residual,
                                         AttentionCache& cache) const {
   const Block& b = blocks_[static_cast<size_t>(index)];
-  const bool swiglu = b.activation == nn::MlpActivation::silu;
   const bool pre = b.placement == nn::NormPlacement::pre;
-  const bool add_in_o = pre && !b.gate_up.folds_norm(x.numel() / x.size(-1), swiglu);
+  const bool add_in_o = pre && !b.gate_up.folds_norm(x.numel() / x.size(-1), b.gate);
   profile::Scope span("layer.", index, "", "layer");
   profile::GpuScope gpu_span("layer.", index, "", "layer", trace_device_);
   Tensor attn, stream;
   {
     profile::Scope attention_span("layer.", index, ".attention", "layer");
-    NormLinearResult qkv = b.qkv.norm_linear(x, residual, b.input_norm, b.eps, /*swiglu=*/false);
+    NormLinearResult qkv = b.qkv.norm_linear(x, residual, b.input_norm, b.eps, GatedActivation::none, x_norm);
     stream = std::move(qkv.h);
     attn = attention(index, qkv.out, add_in_o ? stream : Tensor(), cache);
-    if (!pre) attn = rms_norm(attn, b.post_attention_norm, b.eps);
   }
   profile::Scope mlp_span("layer.", index, ".mlp", "layer");
-  const Tensor& norm = pre ? b.post_attention_norm : b.pre_feedforward_norm;
-  auto [activation, h] = b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, norm, b.eps, swiglu);
-  if (!swiglu) activation = geglu(activation);
-  if (pre) return {b.down.linear(activation, h), Tensor()};
-  return {rms_norm(b.down.linear(activation), b.post_feedforward_norm, b.eps), h};
+  if (pre) {
+    auto [activation, h] = b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, b.post_attention_norm, b.eps,
+                                                 b.gate);
+    return {b.down.linear(activation, h), Tensor()};
+  }
+  auto [activation, h] =
+      b.gate_up.norm_linear(attn, stream, b.pre_feedforward_norm, b.eps, b.gate, b.post_attention_norm);
+  return {b.down.linear(activation), h};  // the delta still owes b.post_feedforward_norm
+}
+
+// The norm a block's delta still owes before its residual add: a sandwich block's post-feedforward norm.
+const Tensor& Runner::owed_norm(int index) const {
+  static const Tensor none;
+  const Block& b = blocks_[static_cast<size_t>(index)];
+  return b.placement == nn::NormPlacement::sandwich ? b.post_feedforward_norm : none;
 }
 
 std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cache) const {
@@ -128,7 +136,13 @@ std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cach
   Tensor delta = embedding(embedding_, ids), residual;
   if (embedding_scale_ != 1) delta = scale(delta, embedding_scale_);
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    std::tie(delta, residual) = block(static_cast<int>(i), delta, residual, cache);
+    const Tensor x_norm = i > 0 ? owed_norm(static_cast<int>(i) - 1) : Tensor();
+    std::tie(delta, residual) = block(static_cast<int>(i), delta, x_norm, residual, cache);
+  }
+  if (!blocks_.empty()) {
+    if (const Tensor& last = owed_norm(static_cast<int>(blocks_.size()) - 1); last.defined()) {
+      delta = rms_norm(delta, last, blocks_.back().eps);
+    }
   }
   return {delta, residual};
 }

@@ -32,10 +32,12 @@ Tensor LinearWeight::linear(const Tensor& x, const Tensor& addend) const {
 }
 
 NormLinearResult LinearWeight::norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
-                                           double eps, bool swiglu) const {
-  return rms_norm_linear(x, residual, norm_weight, eps, weight_, bias_, swiglu);
+                                           double eps, GatedActivation gate, const Tensor& x_norm_weight) const {
+  return rms_norm_linear(x, residual, norm_weight, eps, weight_, bias_, gate, x_norm_weight);
 }
 
-bool LinearWeight::folds_norm(int64_t rows, bool swiglu) const { return rms_norm_linear_folds(rows, weight_, swiglu); }
+bool LinearWeight::folds_norm(int64_t rows, GatedActivation gate) const {
+  return rms_norm_linear_folds(rows, weight_, gate);
+}
 
 }  // namespace microllm

@@ -25,7 +25,8 @@ TEST(ModelConfig, PublishedConfigsGiveThePublishedParameterCounts) {
   } cases[] = {
       {"qwen2.5-0.5b.json", "qwen2", 494032768},       {"deepseek-r1-distill-qwen-1.5b.json", "qwen2", 1777088000},
       {"qwen3-0.6b.json", "qwen3", 596049920},         {"smollm2-135m.json", "llama", 134515008},
-      {"gemma-3-270m.json", "gemma3_text", 268098176}, {"gemma-3-1b.json", "gemma3_text", 999885952}};
+      {"gemma-3-270m.json", "gemma3_text", 268098176}, {"gemma-3-1b.json", "gemma3_text", 999885952},
+      {"phi-3-mini-4k-instruct.json", "phi3", 3821079552}};
   for (const auto& c : cases) {
     const nn::TransformerConfig config = read_config_file((kConfigs / c.file).string());
     EXPECT_EQ(config.model_type, c.model_type) << c.file;

@@ -1,7 +1,7 @@
 // The decode GEMV (src/backend/cuda/gemv.cu): out = x @ w^T (+ bias) for m <= 8 rows, bf16/f16, against the
 // CPU reference on fresh random inputs (odd m, k and n, a row-strided x, NaN-poisoned outputs with a guard
 // band after them), against cuBLASLt (decode_gemv() off) at the projections of Qwen2.5-0.5B and
-// DeepSeek-R1-Distill-Qwen-1.5B, with the RMSNorm and SwiGLU folded in, with linear_add's addend, inside a CUDA
+// DeepSeek-R1-Distill-Qwen-1.5B, with the RMSNorms and each gate folded in, with linear_add's addend, inside a CUDA
 // graph, and the m = 9 hand-over to cuBLASLt. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -159,45 +159,58 @@ TEST_P(DecodeGemvCudaTest, AddsTheAddendBeforeItsRounding) {
   }
 }
 
-// The RMSNorm (with and without the residual add) and SwiGLU folded into the GEMV, called directly (so a case
-// it refused fails here): out against the CPU's separate ops, h bit-identical, nothing written past either.
-TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
+// The RMSNorms (with and without the residual add, with and without x's own norm before it) and each gate folded
+// into the GEMV, called directly (so a case it refused fails here): out against the CPU's separate ops, h
+// bit-identical where it is one rounded add (within tolerance after x's own norm), nothing written past either.
+TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormsAndTheGate) {
   const GemvSetting on(true);
   constexpr double kEps = 1e-6;
   for (int64_t m : {1, 2}) {  // the rows the folded GEMV takes (gemv.cu: kMaxFoldedRows)
-    for (int64_t k : {64, 896, 1536}) {
+    for (int64_t k : {64, 640, 896, 1536}) {  // 640: Gemma 3 270M's hidden size
       for (bool with_residual : {false, true}) {
-        for (bool swiglu : {false, true}) {
-          const int64_t n = swiglu ? 4864 : 1152;
-          SCOPED_TRACE(str_cat("m ", m, " k ", k, " n ", n, with_residual ? " residual" : "", swiglu ? " swiglu" : ""));
-          const Tensor x_cpu = rand({m, k}), residual_cpu = rand({m, k});
-          const Tensor gamma_cpu = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5);
-          const Tensor w_cpu = random_tensor({swiglu ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1);
-          const Tensor bias_cpu = swiglu ? Tensor() : rand({n});
-          const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
-          cuda_kernels::GemvNorm norm{with_residual ? residual_cpu.to(kGpu) : Tensor(), gamma_cpu.to(kGpu), kEps,
-                                      with_residual ? h.out : Tensor()};
-          const Tensor bias = bias_cpu.defined() ? bias_cpu.to(kGpu) : Tensor();
-          ASSERT_TRUE(cuda_kernels::try_decode_gemv(x_cpu.to(kGpu), w_cpu.to(kGpu),
-                                                    bias.defined() ? bias.data_ptr() : nullptr, 1, out.out,
-                                                    static_cast<cudaStream_t>(cuda::current_stream(0).handle()), &norm,
-                                                    swiglu));
-          cuda::synchronize(0);
-          Tensor normed, h_ref;
-          if (with_residual) {
-            const RmsNormResult r = rms_norm_residual(x_cpu, residual_cpu, gamma_cpu, kEps);
-            normed = r.out;
-            h_ref = r.h;
-          } else {
-            normed = rms_norm(x_cpu, gamma_cpu, kEps);
-          }
-          Tensor ref = linear(normed, w_cpu, bias_cpu);
-          if (swiglu) ref = microllm::swiglu(ref.narrow(1, 0, n), ref.narrow(1, n, n));
-          EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), ref), tol());
-          EXPECT_TRUE(out.guard_intact()) << "the GEMV wrote past its output";
-          if (with_residual) {
-            EXPECT_EQ(testing::host_values(h.out.to(Device::cpu())), testing::host_values(h_ref)) << "h";
-            EXPECT_TRUE(h.guard_intact()) << "the GEMV wrote past h";
+        for (GatedActivation gate : {GatedActivation::none, GatedActivation::swiglu, GatedActivation::geglu}) {
+          for (bool x_normed : {false, true}) {
+            const bool gated = gate != GatedActivation::none;
+            const int64_t n = gated ? (k == 640 ? 2048 : 4864) : 1152;
+            SCOPED_TRACE(str_cat("m ", m, " k ", k, " n ", n, with_residual ? " residual" : "", " gate ",
+                                 gated_activation_name(gate), x_normed ? " x normed" : ""));
+            const Tensor x_cpu = rand({m, k}), residual_cpu = rand({m, k});
+            const Tensor gamma_cpu = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5);
+            const Tensor x_gamma_cpu = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5);
+            const Tensor w_cpu = random_tensor({gated ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1);
+            const Tensor bias_cpu = gated ? Tensor() : rand({n});
+            const bool writes_h = with_residual || x_normed;
+            const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
+            cuda_kernels::GemvNorm norm{with_residual ? residual_cpu.to(kGpu) : Tensor(), gamma_cpu.to(kGpu), kEps,
+                                        writes_h ? h.out : Tensor(), x_normed ? x_gamma_cpu.to(kGpu) : Tensor()};
+            const Tensor bias = bias_cpu.defined() ? bias_cpu.to(kGpu) : Tensor();
+            ASSERT_TRUE(cuda_kernels::try_decode_gemv(x_cpu.to(kGpu), w_cpu.to(kGpu),
+                                                      bias.defined() ? bias.data_ptr() : nullptr, 1, out.out,
+                                                      static_cast<cudaStream_t>(cuda::current_stream(0).handle()),
+                                                      &norm, gate));
+            cuda::synchronize(0);
+            const Tensor input = x_normed ? rms_norm(x_cpu, x_gamma_cpu, kEps) : x_cpu;
+            Tensor normed, h_ref = input;
+            if (with_residual) {
+              const RmsNormResult r = rms_norm_residual(input, residual_cpu, gamma_cpu, kEps);
+              normed = r.out;
+              h_ref = r.h;
+            } else {
+              normed = rms_norm(input, gamma_cpu, kEps);
+            }
+            Tensor ref = linear(normed, w_cpu, bias_cpu);
+            if (gate == GatedActivation::swiglu) ref = microllm::swiglu(ref.narrow(1, 0, n), ref.narrow(1, n, n));
+            if (gate == GatedActivation::geglu) {
+              ref = mul(gelu(ref.narrow(1, 0, n), /*tanh_approximation=*/true), ref.narrow(1, n, n));
+            }
+            EXPECT_LE(testing::relative_error(out.out.to(Device::cpu()), ref), tol());
+            EXPECT_TRUE(out.guard_intact()) << "the GEMV wrote past its output";
+            if (x_normed) {  // x's own norm sums its squares in the kernel's order
+              EXPECT_LE(testing::relative_error(h.out.to(Device::cpu()), h_ref), tol()) << "h";
+            } else if (with_residual) {
+              EXPECT_EQ(testing::host_values(h.out.to(Device::cpu())), testing::host_values(h_ref)) << "h";
+            }
+            if (writes_h) EXPECT_TRUE(h.guard_intact()) << "the GEMV wrote past h";
           }
         }
       }
@@ -209,7 +222,7 @@ TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormAndSwiGLU) {
   const cuda_kernels::GemvNorm norm{Tensor(), rand({896}).to(kGpu), kEps, Tensor()};
   EXPECT_FALSE(cuda_kernels::try_decode_gemv(rand({3, 896}).to(kGpu), rand({1152, 896}).to(kGpu), nullptr, 0,
                                              refused.out, static_cast<cudaStream_t>(cuda::current_stream(0).handle()),
-                                             &norm, false));
+                                             &norm));
   cuda::synchronize(0);
   EXPECT_TRUE(std::isnan(testing::host_values(refused.out.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()))[0]));
 }
@@ -222,27 +235,32 @@ TEST_P(DecodeGemvCudaTest, FoldedRowsGiveTheirBitsAlone) {
   constexpr double kEps = 1e-6;
   const cudaStream_t stream = static_cast<cudaStream_t>(cuda::current_stream(0).handle());
   for (int64_t k : {896, 1536}) {
-    for (bool swiglu : {false, true}) {
-      SCOPED_TRACE(str_cat("k ", k, swiglu ? " swiglu" : ""));
-      const int64_t n = swiglu ? 4864 : 1152;
-      const Tensor x = rand({2, k}).to(kGpu), residual = rand({2, k}).to(kGpu);
-      const Tensor gamma = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5).to(kGpu);
-      const Tensor w = random_tensor({swiglu ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1).to(kGpu);
-      auto run = [&](const Tensor& xs, const Tensor& rs) {
-        const int64_t m = xs.size(0);
-        const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
-        const cuda_kernels::GemvNorm norm{rs, gamma, kEps, h.out};
-        EXPECT_TRUE(cuda_kernels::try_decode_gemv(xs, w, nullptr, 0, out.out, stream, &norm, swiglu));
-        cuda::synchronize(0);
-        return std::pair{testing::host_values(out.out.to(Device::cpu())), testing::host_values(h.out.to(Device::cpu()))};
-      };
-      const auto [both_out, both_h] = run(x, residual);
-      for (int64_t r : {0, 1}) {
-        const auto [row_out, row_h] = run(x.narrow(0, r, 1).contiguous(), residual.narrow(0, r, 1).contiguous());
-        const std::vector<double> out_r(both_out.begin() + r * n, both_out.begin() + (r + 1) * n);
-        const std::vector<double> h_r(both_h.begin() + r * k, both_h.begin() + (r + 1) * k);
-        EXPECT_EQ(out_r, row_out) << "row " << r << ": out";
-        EXPECT_EQ(h_r, row_h) << "row " << r << ": h";
+    for (GatedActivation gate : {GatedActivation::none, GatedActivation::swiglu, GatedActivation::geglu}) {
+      for (bool x_normed : {false, true}) {
+        SCOPED_TRACE(str_cat("k ", k, " gate ", gated_activation_name(gate), x_normed ? " x normed" : ""));
+        const int64_t n = gate != GatedActivation::none ? 4864 : 1152;
+        const Tensor x = rand({2, k}).to(kGpu), residual = rand({2, k}).to(kGpu);
+        const Tensor gamma = random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5).to(kGpu);
+        const Tensor x_gamma = x_normed ? random_tensor({k}, dtype(), Device::cpu(), 0.5, 1.5).to(kGpu) : Tensor();
+        const Tensor w =
+            random_tensor({gate != GatedActivation::none ? 2 * n : n, k}, dtype(), Device::cpu(), -0.1, 0.1).to(kGpu);
+        auto run = [&](const Tensor& xs, const Tensor& rs) {
+          const int64_t m = xs.size(0);
+          const PoisonedOut out(m, n, dtype()), h(m, k, dtype());
+          const cuda_kernels::GemvNorm norm{rs, gamma, kEps, h.out, x_gamma};
+          EXPECT_TRUE(cuda_kernels::try_decode_gemv(xs, w, nullptr, 0, out.out, stream, &norm, gate));
+          cuda::synchronize(0);
+          return std::pair{testing::host_values(out.out.to(Device::cpu())),
+                           testing::host_values(h.out.to(Device::cpu()))};
+        };
+        const auto [both_out, both_h] = run(x, residual);
+        for (int64_t r : {0, 1}) {
+          const auto [row_out, row_h] = run(x.narrow(0, r, 1).contiguous(), residual.narrow(0, r, 1).contiguous());
+          const std::vector<double> out_r(both_out.begin() + r * n, both_out.begin() + (r + 1) * n);
+          const std::vector<double> h_r(both_h.begin() + r * k, both_h.begin() + (r + 1) * k);
+          EXPECT_EQ(out_r, row_out) << "row " << r << ": out";
+          EXPECT_EQ(h_r, row_h) << "row " << r << ": h";
+        }
       }
     }
   }

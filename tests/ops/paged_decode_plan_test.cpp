@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -85,6 +87,32 @@ TEST(PagedDecodePlan, QwenDecodeGetsTheDocumentedKernels) {
   // Past 2 tokens the o projection runs on its own.
   EXPECT_EQ(projected_plan(bf16_shape(kQwen05, 8, 256)).kernel, DecodeKernel::composition);
   EXPECT_EQ(projected_plan(bf16_shape(kQwen05, 32, 4096)).kernel, DecodeKernel::composition);
+}
+
+// Gemma 3 270M (4 query heads of D 256 over one kv head): one query head a CTA while its chunk holds the keys
+// (128 of D 256), then a token's cluster of 16 slices of the one kv head rather than a CTA's splits and a combine.
+TEST(PagedDecodePlan, GemmaHeadsKeepTheProjectionPastOneChunk) {
+  const Model gemma{"Gemma 3 270M", 4, 1, 256, 640};
+  auto shape = [&](int64_t tokens, int64_t context) {
+    DecodeShape s = bf16_shape(gemma, tokens, context);
+    s.tensor_cores = false;  // D 256: the CUDA cores (paged_attention.cu compiles the tensor-core phases for 64, 128)
+    return s;
+  };
+  DecodePlan p = projected_plan(shape(1, 128));
+  EXPECT_EQ(p.kernel, DecodeKernel::projected) << p.describe();
+  EXPECT_EQ(p.n_split, 1);
+  for (int64_t context : {256, 512, 2048}) {
+    p = projected_plan(shape(1, context));
+    EXPECT_EQ(p.kernel, DecodeKernel::token_cluster) << context << ": " << p.describe();
+    EXPECT_EQ(p.slices, 16);
+    EXPECT_EQ(p.cluster, 16u);
+    EXPECT_EQ(p.chunk, std::max<int64_t>(32, context / 16));
+  }
+  EXPECT_EQ(projected_plan(shape(2, 256)).kernel, DecodeKernel::token_cluster);
+  EXPECT_EQ(projected_plan(shape(8, 256)).kernel, DecodeKernel::composition);  // past 2 tokens: the o GEMV
+  // paged_attention alone: one row a CTA within the chunk, the group's rows together past it.
+  EXPECT_EQ(plan_attention(shape(1, 128), kH100).rows_per_cta, 1);
+  EXPECT_EQ(plan_attention(shape(1, 256), kH100).rows_per_cta, kRowsPerCta);
 }
 
 TEST(PagedDecodePlan, RowsPastTheProjectionBudgetsKeepTheOGemv) {

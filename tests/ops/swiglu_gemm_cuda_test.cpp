@@ -125,11 +125,11 @@ TEST_P(SwigluGemmCudaTest, RmsNormLinearTakesItAtPrefillSize) {
   NormLinearResult fused, composed;
   {
     const FusedSetting on(true);
-    fused = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), true);
+    fused = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), GatedActivation::swiglu);
   }
   {
     const FusedSetting off(false);
-    composed = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), true);
+    composed = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), GatedActivation::swiglu);
   }
   EXPECT_LE(testing::relative_error(fused.out.to(Device::cpu()), composed.out.to(Device::cpu())),
             testing::tolerance(dtype()));
@@ -159,7 +159,9 @@ TEST_P(SwigluGemmCudaTest, ReplaysInsideACudaGraph) {
   }
   stream.synchronize();
   cuda::Graph graph =
-      cuda::Graph::capture(stream, pool, [&] { y = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), true); });
+      cuda::Graph::capture(stream, pool, [&] {
+        y = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), GatedActivation::swiglu);
+      });
   for (int replay = 0; replay < 2; ++replay) {
     const Tensor fresh = random_tensor({m, k}, dtype(), Device::cpu());
     {
@@ -169,7 +171,7 @@ TEST_P(SwigluGemmCudaTest, ReplaysInsideACudaGraph) {
     }
     graph.replay();
     stream.synchronize();
-    const NormLinearResult eager = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), true);
+    const NormLinearResult eager = rms_norm_linear(x, residual, gamma, 1e-6, w, Tensor(), GatedActivation::swiglu);
     EXPECT_EQ(testing::host_values(y.out.to(Device::cpu())), testing::host_values(eager.out.to(Device::cpu())))
         << "replay " << replay;
   }

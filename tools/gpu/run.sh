@@ -115,7 +115,7 @@ step_sanitize() {
 # K/V) under racecheck, and their barriers under synccheck: tests that launch only these kernels (a test that
 # also runs cuBLASLt shows racecheck hazards inside NVIDIA's nvjet kernels, which are not ours to judge).
 step_sanitize_decode() {
-  local tool tests='Dtypes/DecodeGemvCudaTest.FoldsTheRmsNormAndSwiGLU/cuda_bf16'
+  local tool tests='Dtypes/DecodeGemvCudaTest.FoldsTheRmsNormsAndTheGate/cuda_bf16'
   tests+=':Dtypes/DecodeGemvCudaTest.ReplaysInsideACudaGraph/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.DecodeAttentionMatchesTheCpu/cuda_bf16'
   tests+=':Dtypes/PagedAttentionCudaTest.QwenAndR1DecodeShapes/cuda_bf16'

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "microllm/backend/backend.h"
+#include "microllm/backend/gated_activation.h"
 
 namespace microllm {
 
@@ -27,15 +28,16 @@ class Fusions {
   // step). Composition: matmul into [M, 2N], then swiglu of its two halves. CUDA: one Hopper GEMM with SwiGLU in its
   // epilogue at prefill size (gemm_swiglu_sm90.cu).
   virtual void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
-  // rms_norm_linear on rows: x [M, K], residual [M, K] or undefined, out [M, N] contiguous, h_out [M, K] (undefined
-  // without a residual). Composition: rms_norm, then matmul (or linear_swiglu with swiglu). CUDA: the decode GEMV
-  // with all three folded in when M <= 8 (gemv.cu).
-  virtual void rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                               const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                               const Tensor& h_out);
+  // rms_norm_linear on rows: x [M, K], x_norm_weight [K] or undefined, residual [M, K] or undefined, out [M, N]
+  // contiguous, h_out [M, K] (undefined with neither a residual nor x_norm_weight). Composition: rms_norm of x
+  // (x_norm_weight), rms_norm with the residual, then matmul, linear_swiglu (swiglu) or matmul, gelu and mul (geglu).
+  // CUDA: the decode GEMV with all of them folded in for M <= 2 rows (gemv.cu).
+  virtual void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                               const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
+                               GatedActivation gate, const Tensor& out, const Tensor& h_out);
   // Whether rms_norm_linear over `rows` rows with this weight runs as one kernel: then a residual added there costs
   // nothing extra. The composition never folds.
-  virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const;
+  virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const;
 
   // ---- the paged KV cache (ops/paged_attention.h) ----
   // paged_decode_attention: rope on q and k at positions, k and v written at slots, then paged_attention.

@@ -53,12 +53,14 @@ class Runner {
     double eps;
     LinearWeight qkv, o, gate_up, down;
     Tensor q_norm, k_norm;  // QK-norm weights, or undefined
-    nn::MlpActivation activation;
+    GatedActivation gate;  // the MLP's activation
     RopeParams rope;  // the layer's rotary embedding
   };
   // The embedding and every block: the residual stream as (delta, residual), each sum left to the next norm.
   std::pair<Tensor, Tensor> layers(const Tensor& ids, AttentionCache& cache) const;
-  std::pair<Tensor, Tensor> block(int index, const Tensor& x, const Tensor& residual, AttentionCache& cache) const;
+  std::pair<Tensor, Tensor> block(int index, const Tensor& x, const Tensor& x_norm, const Tensor& residual,
+                                  AttentionCache& cache) const;
+  const Tensor& owed_norm(int index) const;
   Tensor attention(int index, const Tensor& qkv, const Tensor& addend, AttentionCache& cache) const;
 
   nn::TransformerConfig config_;

@@ -5,7 +5,7 @@
 //
 //   LinearWeight w = LinearWeight::dense(weight, bias);
 //   Tensor y = w.linear(x);                                     // x @ weight^T + bias
-//   auto [out, h] = w.norm_linear(x, residual, norm_weight, eps, /*swiglu=*/false);
+//   auto [out, h] = w.norm_linear(x, residual, norm_weight, eps);
 #pragma once
 
 #include <cstdint>
@@ -35,13 +35,14 @@ class LinearWeight {
   // x [.., in] -> [.., out] = x @ W^T + bias; with an addend (x's shape but out wide) the sum is rounded once: a
   // residual add in the GEMM's epilogue (ops linear_add).
   Tensor linear(const Tensor& x, const Tensor& addend = Tensor()) const;
-  // ops::rms_norm_linear with this weight: out = rms_norm(x + residual) @ W^T + bias (SwiGLU of its two halves with
-  // swiglu), h = x + residual.
+  // ops::rms_norm_linear with this weight: out = rms_norm(x' + residual) @ W^T + bias (the gated activation of its
+  // two halves with a gate), h = x' + residual, x' = x or rms_norm(x, x_norm_weight).
   NormLinearResult norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                               bool swiglu) const;
+                               GatedActivation gate = GatedActivation::none,
+                               const Tensor& x_norm_weight = Tensor()) const;
   // Whether norm_linear over `rows` rows of input runs as one kernel (CUDA's decode GEMV): then a residual add
   // belongs there, else in the projection before it.
-  bool folds_norm(int64_t rows, bool swiglu) const;
+  bool folds_norm(int64_t rows, GatedActivation gate) const;
 
  private:
   Format format_ = Format::dense;

@@ -1,11 +1,14 @@
 // The decode GEMV: out [m, n] = x [m, k] @ w [n, k]^T (+ bias) for m <= 8 rows, bf16/f16, f32 accumulation,
 // with two steps of a decoder layer optionally folded in (m <= 2):
 //   RMSNorm before: x is first h = round(x + residual) (or x), then round(g * round(h * rstd)) (rms_norm's
-//     roundings), computed by every CTA into shared memory; CTA 0 also writes h (the residual stream).
-//   SwiGLU after: w is [w_gate; w_up] (2n rows) and out[b, j] = silu(round(gate)) * round(up), rounded once
-//     (swiglu's arithmetic on the rounded gate_up product).
+//     roundings), computed by every CTA into shared memory; CTA 0 also writes h (the residual stream). A sandwich
+//     block's sublayer output gets its own RMSNorm first (x_norm_weight), with the same roundings, before the add.
+//   The gate after: w is [w_gate; w_up] (2n rows) and out[b, j] = silu(round(gate)) * round(up), rounded once
+//     (swiglu's arithmetic on the rounded gate_up product), or round(round(gelu_tanh(round(gate))) * round(up))
+//     (geglu: the gelu and mul ops).
 // A batch-1 decode layer is then five kernels (qkv with input_layernorm, attention, o, gate_up with
-// post_attention_layernorm and SwiGLU, down) instead of eight.
+// post_attention_layernorm and SwiGLU, down) instead of eight; a Gemma 3 layer folds its two sandwich norms
+// and GeGLU the same way.
 //
 // Why a GEMV: at decode a linear layer reads each weight once and does 2m flops per weight, so its time is the
 // weight bytes over DRAM bandwidth, and cuBLASLt's choices for the small shapes leave much of it unused
@@ -24,7 +27,7 @@
 //    stages x there right after its wait, all of a thread's loads in flight at once (copy_packs), so that no
 //    chunk's mma waits for its own L2 round trip to x (the kernel before's output). At 8 rows x is read from
 //    global memory still (kMaxStagedPlainRows).
-//    With SwiGLU, two warps of a CTA stream the 8 gate rows and the 8 matching up rows of one output group.
+//    With a gate, two warps of a CTA stream the 8 gate rows and the 8 matching up rows of one output group.
 // 3. Fills the GPU: the warps of a CTA split k (split = 1..16 warps per row group, partial tiles summed
 //    in shared memory in slice order: deterministic). The host picks split from n, k and the SM count
 //    (the launch shape depends only on shapes, so graphs replay it): the smallest power of two that gives
@@ -41,6 +44,7 @@
 // MICROLLM_DISABLE=gemv (decode_gemv()) sends these products back to cuBLASLt (and the folded steps to their own
 // kernels), to A/B the two in one run.
 #include <climits>
+#include <string>
 #include <optional>
 
 #include "../elementwise_math.h"
@@ -61,7 +65,7 @@ constexpr int kGroupRows = 8;      // weight rows per warp: the mma's n
 constexpr int kChunk = 32;         // k per 16-byte load of every lane: 4 lanes x 8 elements per weight row
 constexpr int kMaxSplit = 16;      // warps per row group
 constexpr int kMaxThreads = 32 * kMaxSplit;
-constexpr int kMaxStaged = 64 * 1024;  // dynamic shared memory for the staged x, residual and norm weight
+constexpr int kMaxStaged = 64 * 1024;  // dynamic shared memory for the staged x and the norm weights
 
 constexpr int kRingSlots = 16;         // 16-byte weight chunks each lane keeps in flight, in shared memory
 constexpr int kRingBytesPerThread = kRingSlots * 16;
@@ -69,7 +73,7 @@ constexpr int kMinChunksPerWarp = 8;   // the split leaves every warp at least t
 constexpr int kWarpsTarget = 8;        // warps per SM the split aims for (the header comment, point 3)
 // Where the GEMV runs (the header comment, "Where it runs"):
 constexpr int64_t kMaxPlainBytes = 16 << 20;   // a plain product: past it cuBLASLt streams faster
-constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / SwiGLU folded in: the two kernels it saves
+constexpr int64_t kMaxFoldedBytes = 32 << 20;  // with the RMSNorm / gate folded in: the two kernels it saves
                                                // pay for a slower stream, up to a point
 // A plain product stages x in shared memory up to this many rows (the header comment, point 2): at 8 rows x's loads
 // hit L1, and the staging would hold every mma back until all 8 rows have landed.
@@ -87,24 +91,27 @@ struct GemvArgs {
   const void* addend;  // [m, n] contiguous, may be null: added to the product before its one rounding
   int m, n, k;
   int chunks_per_warp;  // of the launch's split (the kernel's kSplit)
-  // RMSNorm folded in (kNorm): h = x + residual (residual may be null), normalized with norm_weight [k].
+  // RMSNorm folded in (kNorm): h = x' + residual (residual may be null), normalized with norm_weight [k]; x' = x, or
+  // x normalized with x_norm_weight [k] where that is not null.
   const void* residual;
   int64_t residual_stride;
   const void* norm_weight;
+  const void* x_norm_weight;
   float eps;
   void* h_out;  // [m, k] contiguous, may be null: CTA 0 writes h there
   int x_pitch;  // elements per staged x row: k plus 16 bytes, so the 8 rows' loads spread over the banks; 0: x is
                 // not staged (a plain product past kMaxStagedPlainRows or kMaxStaged reads it from global memory)
-  // SwiGLU folded in (kSwiGLU): the up row of output column j is weight row up_row0 + j.
+  // A gate folded in (kGate): the up row of output column j is weight row up_row0 + j.
   int64_t up_row0;
 };
 
-// kNorm, before the wait: the norm weight (no kernel writes it) to shared memory, cp.async, as the thread's
-// first copy group (older than its ring's, so a wait for its ring's first chunk covers it).
+// kNorm, before the wait: the norm weights (no kernel writes them) to shared memory, sg [k] and sgx [k], cp.async,
+// as the thread's first copy group (older than its ring's, so a wait for its ring's first chunk covers it).
 template <int kThreads, typename T>
-__device__ void stage_norm_weight(const GemvArgs& a, T* sg) {
+__device__ void stage_norm_weights(const GemvArgs& a, T* sg, T* sgx) {
   for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += kThreads) {
     copy16_async(sg + p * 8, static_cast<const T*>(a.norm_weight) + p * 8);
+    if (a.x_norm_weight) copy16_async(sgx + p * 8, static_cast<const T*>(a.x_norm_weight) + p * 8);
   }
   copy_async_commit();
 }
@@ -154,26 +161,101 @@ __device__ __forceinline__ void for_batch_packs(int p0, int m, int packs, F&& f)
   }
 }
 
-// kNorm, after the wait: every CTA normalizes the m rows of x (h = round(x + residual) with a residual) into sx
-// [m][x_pitch] with rms_norm's roundings (norm.cu); CTA 0 also writes h. Every thread works: thread tid owns packs
-// tid, tid + kThreads, ... of every row (a warp a row left most of the CTA idle, one warp stepping through a whole
-// row twice), holding x and the residual in registers from its loads to h, kBatch packs' loads a row issued before
-// any store (copy_packs says why). A row's sum of squares is added over the thread's packs, then across its warp,
-// then over the warps in order through `scratch` [warps][kMaxFoldedRows]: the same order whatever m is, so a row
-// normalized beside another gets the bits it gets alone. The norm weight sg [k] came by cp.async before the wait.
-// Needs k % 8 == 0, m <= kMaxFoldedRows and 16-byte aligned rows (the host checks).
+// kNorm: each row's 1 / rms from every thread's partial sums of squares over its packs, added across its warp, then
+// over the warps in order through scratch [warps][kMaxFoldedRows]: the same order whatever m is, so a row normalized
+// beside another gets the bits it gets alone. Also waits for the norm weights' copy group (every group but the
+// ring's kRingSlots). Has a barrier (every thread of the CTA calls it); scratch is free again after the next one.
+template <int kThreads>
+__device__ void rows_rstd(const GemvArgs& a, const float (&sum_sq)[kMaxFoldedRows], float* scratch,
+                          float (&rstd)[kMaxFoldedRows]) {
+  constexpr int kRows = kMaxFoldedRows, kWarps = kThreads / 32;
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float warp_total = warp_sum(sum_sq[r]);
+    if (tid % 32 == 0) scratch[tid / 32 * kRows + r] = warp_total;
+  }
+  copy_async_wait_group<kRingSlots>();
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += scratch[w * kRows + r];
+    rstd[r] = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.eps);
+  }
+}
+
+// Rows [m][x_pitch] of shared memory normalized in place: round(g * round(h * rstd)) with g [k] (rms_norm's
+// roundings). Each thread rewrites only the packs it staged (tid, tid + kThreads, ...): no barrier before.
 template <int kThreads, typename T>
-__device__ void stage_normalized_x(const GemvArgs& a, T* sx, const T* sg, float* scratch) {
-  constexpr int kRows = kMaxFoldedRows, kBatch = 2, kWarps = kThreads / 32;
+__device__ void normalize_staged_rows(const GemvArgs& a, T* rows, const T* g_weight,
+                                      const float (&rstd)[kMaxFoldedRows]) {
+  for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += kThreads) {
+    float g[8];
+    load8(g_weight + p * 8, g);
+#pragma unroll
+    for (int r = 0; r < kMaxFoldedRows; ++r) {
+      if (r >= a.m) continue;
+      T* hs = rows + r * a.x_pitch + p * 8;
+      float h[8];
+      load8(hs, h);
+      alignas(16) T packed[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) packed[e] = from_acc<T>(g[e] * to_acc(from_acc<T>(h[e] * rstd[r])));
+      *reinterpret_cast<uint4*>(hs) = *reinterpret_cast<const uint4*>(packed);
+    }
+  }
+}
+
+// kNorm with x_norm_weight, after the wait: sx [m][x_pitch] = rms_norm(x) * sgx, a sandwich block's sublayer output
+// normalized before its residual add; stage_normalized_x then reads x' from there (each thread its own packs).
+template <int kThreads, typename T>
+__device__ void stage_x_own_norm(const GemvArgs& a, T* sx, const T* sgx, float* scratch) {
+  constexpr int kRows = kMaxFoldedRows, kBatch = 2;
   const int tid = static_cast<int>(threadIdx.x), packs = a.k / 8;
   const T* x = static_cast<const T*>(a.x);
+  float sum_sq[kRows] = {};
+  for (int p0 = tid; p0 < packs; p0 += kThreads * kBatch) {
+    uint4 xv[kRows][kBatch];
+    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
+      xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
+    });
+    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
+      float v[8];
+      load8(reinterpret_cast<const T*>(&xv[r][u]), v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq[r] += v[e] * v[e];
+      *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) = xv[r][u];
+    });
+  }
+  float rstd[kRows];
+  rows_rstd<kThreads>(a, sum_sq, scratch, rstd);
+  normalize_staged_rows<kThreads>(a, sx, sgx, rstd);
+  __syncthreads();  // scratch free for stage_normalized_x's sums
+}
+
+// kNorm, after the wait: every CTA normalizes the m rows of x' (x, or sx as stage_x_own_norm left it) plus the
+// residual (h = round(x' + residual) with one) into sx [m][x_pitch] with rms_norm's roundings (norm.cu); CTA 0 also
+// writes h. Every thread works: thread tid owns packs tid, tid + kThreads, ... of every row (a warp a row left most
+// of the CTA idle, one warp stepping through a whole row twice), holding x' and the residual in registers from its
+// loads to h, kBatch packs' loads a row issued before any store (copy_packs says why); rows_rstd sums the squares.
+// The norm weight sg [k] came by cp.async before the wait. Needs k % 8 == 0, m <= kMaxFoldedRows and 16-byte
+// aligned rows (the host checks).
+template <int kThreads, typename T>
+__device__ void stage_normalized_x(const GemvArgs& a, T* sx, const T* sg, float* scratch) {
+  constexpr int kRows = kMaxFoldedRows, kBatch = 2;
+  const int tid = static_cast<int>(threadIdx.x), packs = a.k / 8;
+  const bool own_norm = a.x_norm_weight != nullptr;  // x' is in sx already
+  const T* x = own_norm ? sx : static_cast<const T*>(a.x);
+  const int64_t x_stride = own_norm ? a.x_pitch : a.x_stride;
   const T* res = static_cast<const T*>(a.residual);
   T* h_out = blockIdx.x == 0 ? static_cast<T*>(a.h_out) : nullptr;
   float sum_sq[kRows] = {};
   for (int p0 = tid; p0 < packs; p0 += kThreads * kBatch) {
     uint4 xv[kRows][kBatch], rv[kRows][kBatch];
     for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
-      xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
+      xv[r][u] = *reinterpret_cast<const uint4*>(x + r * x_stride + p * 8);
       if (res) rv[r][u] = *reinterpret_cast<const uint4*>(res + r * a.residual_stride + p * 8);
     });
     for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
@@ -198,55 +280,29 @@ __device__ void stage_normalized_x(const GemvArgs& a, T* sx, const T* sg, float*
       }
     });
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float warp_total = warp_sum(sum_sq[r]);
-    if (tid % 32 == 0) scratch[tid / 32 * kRows + r] = warp_total;
-  }
-  copy_async_wait_group<kRingSlots>();  // the norm weight: every group but the ring's kRingSlots
-  __syncthreads();
   float rstd[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += scratch[w * kRows + r];
-    rstd[r] = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.eps);
-  }
-  for (int p = tid; p < packs; p += kThreads) {  // each thread rereads only the packs it wrote
-    float g[8];
-    load8(sg + p * 8, g);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= a.m) continue;
-      T* hs = sx + r * a.x_pitch + p * 8;
-      float h[8];
-      load8(hs, h);
-      alignas(16) T packed[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) packed[e] = from_acc<T>(g[e] * to_acc(from_acc<T>(h[e] * rstd[r])));
-      *reinterpret_cast<uint4*>(hs) = *reinterpret_cast<const uint4*>(packed);
-    }
-  }
+  rows_rstd<kThreads>(a, sum_sq, scratch, rstd);
+  normalize_staged_rows<kThreads>(a, sx, sg, rstd);
   __syncthreads();
 }
 
 // Grid: each CTA holds blockDim / 32 / split weight groups of 8 rows; warp w works on weight group w / split,
-// k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without SwiGLU
+// k slice w % split (chunks [slice * chunks_per_warp, +chunks_per_warp) of ceil(k / 32)). Without a gate
 // weight group i of the CTA is output group i; with it, weight groups 2i and 2i + 1 are the gate and the up
 // rows of output group i (one weight stream, one ring, per warp either way).
 // kSplit: the launch's split (plan_launch), compiled in with the block size it implies, so the index
 // arithmetic after the wait folds to constants.
-template <typename T, bool kNorm, bool kSwiGLU, int kSplit>
+template <typename T, bool kNorm, GatedActivation kGate, int kSplit>
 __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs a) {
-  constexpr int kStreams = kSwiGLU ? 2 : 1;
+  constexpr bool kGated = kGate != GatedActivation::none;
+  constexpr int kStreams = kGated ? 2 : 1;
   constexpr int kThreads = 32 * (kSplit * kStreams > 4 ? kSplit * kStreams : 4);  // blockDim.x
   constexpr int kTile = kGemvMaxRows * kGroupRows;
   // The warps' partial tiles for the epilogue; with kNorm first the RMSNorm's per-warp sums (stage_normalized_x).
   __shared__ float partial[kMaxThreads / 32][kTile];
   static_assert(kTile >= kMaxFoldedRows, "partial holds stage_normalized_x's sums");
   // Every thread's weight ring [warps][kRingSlots][32 lanes] of 16 bytes; then, with kNorm, the normalized x rows
-  // [m][x_pitch] and the norm weight [k].
+  // [m][x_pitch], the norm weight [k] and x's own norm weight [k] (where there is one).
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
@@ -274,15 +330,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   };
   T* sx = reinterpret_cast<T*>(gemv_smem + kThreads * kRingBytesPerThread);
   T* sg = sx + a.m * a.x_pitch;
+  T* sgx = sg + a.k;
   // The weights are no kernel's output: the norm weight and the ring's first kRingSlots chunks stream in while
   // the kernel before (chained launch, common.cuh) still finishes; x, the residual, the bias and out wait for it.
-  if constexpr (kNorm) stage_norm_weight<kThreads>(a, sg);
+  if constexpr (kNorm) stage_norm_weights<kThreads>(a, sg, sgx);
   for (int j = 0; j < kRingSlots; ++j) fetch(c_begin + j);
   // This thread's first output element (the epilogue's e = threadIdx.x): its bias (a weight) now, its addend
   // right after the wait, so that neither L2 round trip lengthens the epilogue.
   const int first_e = static_cast<int>(threadIdx.x), first_b = first_e % kTile / kGroupRows;
   const int64_t first_col = (group0 + first_e / kTile) * kGroupRows + first_e % kGroupRows;
-  const bool first_live = !kSwiGLU && first_e < out_groups * kTile && first_b < a.m && first_col < a.n;
+  const bool first_live = !kGated && first_e < out_groups * kTile && first_b < a.m && first_col < a.n;
   auto bias_at = [&](int64_t col) { return a.bias ? to_acc(static_cast<const T*>(a.bias)[col * a.bias_stride]) : 0.f; };
   const float first_bias = first_live ? bias_at(first_col) : 0.f;
   wait_for_prior_grids();
@@ -290,8 +347,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
   // x to shared memory in one batch of loads: read from global memory inside the loop, each chunk's mma would
   // wait for its own L2 round trip (the stores and waits around the loads keep them from being issued early).
   const bool x_staged = kNorm || a.x_pitch > 0;  // the host's choice for a plain product (kMaxStagedPlainRows)
-  if constexpr (kNorm) {
-    stage_normalized_x<kThreads>(a, sx, sg, &partial[0][0]);  // has barriers: every warp of the CTA calls it
+  if constexpr (kNorm) {  // both have barriers: every warp of the CTA calls them
+    if (a.x_norm_weight) stage_x_own_norm<kThreads>(a, sx, sgx, &partial[0][0]);
+    stage_normalized_x<kThreads>(a, sx, sg, &partial[0][0]);
   } else if (x_staged) {
     stage_x<kThreads>(a, sx);
     __syncthreads();
@@ -337,9 +395,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
       for (int split = 0; split < kSplit; ++split) acc[s] += partial[first_warp + split][b * kGroupRows + r];
     }
     float y;
-    if constexpr (kSwiGLU) {  // swiglu of the rounded gate_up product (activation.cu's SwigluFn)
+    if constexpr (kGated) {  // the gate on the rounded gate_up product (activation.cu's SwigluFn; gelu and mul)
       const float gate = to_acc(from_acc<T>(acc[0])), up = to_acc(from_acc<T>(acc[kStreams - 1]));
-      y = math::swiglu(gate, up);
+      if constexpr (kGate == GatedActivation::swiglu) {
+        y = math::swiglu(gate, up);
+      } else {
+        y = to_acc(from_acc<T>(math::unary_forward(UnaryOp::gelu_tanh, gate, 0.f))) * up;
+      }
     } else {
       const bool first = e == first_e;
       y = acc[0] + (first ? first_bias : bias_at(col));
@@ -379,27 +441,30 @@ bool rows_of_packs(const Tensor& t, int64_t rows) {
 }
 
 // The GEMV's shape conditions, shared by try_decode_gemv and folds_rms_norm_linear: x of m rows, weight w
-// [rows, k] (swiglu: [w_gate; w_up]) of a 16-bit float dtype; folded: with the RMSNorm and/or SwiGLU, whose
+// [rows, k] (gated: [w_gate; w_up]) of a 16-bit float dtype; folded: with the RMSNorm and/or a gate, whose
 // limits are tighter (the header comment, "Where it runs"). Layouts, staging room and the switch are checked
 // where the product is launched.
-bool takes_shape(int64_t m, const Tensor& w, bool folded, bool swiglu) {
+bool takes_shape(int64_t m, const Tensor& w, bool folded, bool gated) {
   const DType dtype = w.dtype();
   if ((dtype != DType::bf16 && dtype != DType::f16) || w.dim() != 2) return false;
   const int64_t rows = w.size(0), k = w.size(1);
   if (m < 1 || m > (folded ? kMaxFoldedRows : kGemvMaxRows) || k < 1 || k % 8 != 0 || k >= INT_MAX) return false;
-  if (rows < 1 || rows >= INT_MAX || (swiglu && rows % 2 != 0)) return false;
+  if (rows < 1 || rows >= INT_MAX || (gated && rows % 2 != 0)) return false;
   return w.numel() * static_cast<int64_t>(w.element_size()) <= (folded ? kMaxFoldedBytes : kMaxPlainBytes);
 }
 
 }  // namespace
 
 bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t bias_stride, const Tensor& out,
-                     cudaStream_t stream, const GemvNorm* norm, bool swiglu, const char* scope, const void* addend) {
+                     cudaStream_t stream, const GemvNorm* norm, GatedActivation gate, const char* scope,
+                     const void* addend) {
   const DType dtype = w.dtype();
   if (x.dim() != 2 || out.dim() != 2 || x.dtype() != dtype || out.dtype() != dtype) return false;
-  if (!takes_shape(x.size(0), w, /*folded=*/norm != nullptr || swiglu, swiglu) || x.size(1) != w.size(1)) return false;
-  if (swiglu && (bias != nullptr || addend != nullptr)) return false;
-  const int64_t m = x.size(0), k = x.size(1), n = swiglu ? w.size(0) / 2 : w.size(0);
+  const bool gated = gate != GatedActivation::none;
+  if (!takes_shape(x.size(0), w, /*folded=*/norm != nullptr || gated, gated) || x.size(1) != w.size(1)) return false;
+  if (gated && (bias != nullptr || addend != nullptr)) return false;
+  if (gate == GatedActivation::geglu && !norm) return false;  // compiled with the RMSNorm only (Gemma's gate_up)
+  const int64_t m = x.size(0), k = x.size(1), n = gated ? w.size(0) / 2 : w.size(0);
   if (out.size(0) != m || out.size(1) != n || !out.is_contiguous()) return false;
   if (!rows_of_packs(x, m) || !rows_of_packs(w, w.size(0))) return false;
   const int64_t x_pitch = k + 16 / static_cast<int64_t>(x.element_size());
@@ -407,13 +472,17 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   // kMaxStagedPlainRows rows where it fits, and otherwise reads it from global memory inside its loop.
   const size_t plain_x_bytes = static_cast<size_t>(m * x_pitch * x.element_size());
   const bool plain_x_staged = !norm && m <= kMaxStagedPlainRows && plain_x_bytes <= kMaxStaged;
-  const size_t staged_bytes = norm ? static_cast<size_t>((m * x_pitch + k) * x.element_size())
+  const int64_t norm_weights = norm ? (norm->x_weight.defined() ? 2 : 1) : 0;
+  const size_t staged_bytes = norm ? static_cast<size_t>((m * x_pitch + norm_weights * k) * x.element_size())
                                    : (plain_x_staged ? plain_x_bytes : 0);
   if (norm) {
     const Tensor& res = norm->residual;
     const Tensor& gamma = norm->weight;
-    if (staged_bytes > kMaxStaged || gamma.dim() != 1 || gamma.size(0) != k || gamma.dtype() != dtype ||
-        !rows_of_packs(gamma, 1)) {
+    auto norm_weight_fits = [&](const Tensor& g) {
+      return g.dim() == 1 && g.size(0) == k && g.dtype() == dtype && rows_of_packs(g, 1);
+    };
+    if (staged_bytes > kMaxStaged || !norm_weight_fits(gamma) ||
+        (norm->x_weight.defined() && !norm_weight_fits(norm->x_weight))) {
       return false;
     }
     if (res.defined() && (res.dtype() != dtype || res.dim() != 2 || res.size(0) != m || res.size(1) != k ||
@@ -426,7 +495,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     }
   }
   if (!decode_gemv()) return false;
-  const GemvLaunch l = plan_launch(n, k, swiglu ? 2 : 1, multiprocessor_count(out.device().index));
+  const GemvLaunch l = plan_launch(n, k, gated ? 2 : 1, multiprocessor_count(out.device().index));
 
   GemvArgs a{};
   a.x = x.data_ptr();
@@ -445,6 +514,7 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
     a.residual = norm->residual.defined() ? norm->residual.data_ptr() : nullptr;
     a.residual_stride = norm->residual.defined() ? norm->residual.stride(0) : 0;
     a.norm_weight = norm->weight.data_ptr();
+    a.x_norm_weight = norm->x_weight.defined() ? norm->x_weight.data_ptr() : nullptr;
     a.eps = static_cast<float>(norm->eps);
     a.h_out = norm->h_out.defined() ? norm->h_out.data_ptr() : nullptr;
   }
@@ -453,29 +523,32 @@ bool try_decode_gemv(const Tensor& x, const Tensor& w, const void* bias, int64_t
   const int device = out.device().index;
   std::optional<OpScope> op_scope;
   if (scope) op_scope.emplace(scope, device, stream);
-  auto launch_split = [&]<typename T, bool kNorm, bool kSwiGLU, int kSplit>() {
+  auto launch_split = [&]<typename T, bool kNorm, GatedActivation kGate, int kSplit>() {
     // The rings of 512 threads and the staged rows pass the 48 KB of dynamic shared memory that need no opt-in.
-    constexpr auto kernel = decode_gemv_kernel<T, kNorm, kSwiGLU, kSplit>;
+    constexpr auto kernel = decode_gemv_kernel<T, kNorm, kGate, kSplit>;
     raise_smem_limit<kernel>(kMaxThreads * kRingBytesPerThread + kMaxStaged, device);
     launch_chained(kernel, l.blocks, l.threads, static_cast<size_t>(l.threads) * kRingBytesPerThread + staged_bytes,
                    stream, device, a);
   };
-  auto launch = [&]<typename T, bool kNorm, bool kSwiGLU>() {
+  auto launch = [&]<typename T, bool kNorm, GatedActivation kGate>() {
+    constexpr bool kGated = kGate != GatedActivation::none;
     switch (l.split) {  // plan_launch's powers of two up to kMaxSplit / streams
-      case 1: return launch_split.template operator()<T, kNorm, kSwiGLU, 1>();
-      case 2: return launch_split.template operator()<T, kNorm, kSwiGLU, 2>();
-      case 4: return launch_split.template operator()<T, kNorm, kSwiGLU, 4>();
-      case 8: return launch_split.template operator()<T, kNorm, kSwiGLU, 8>();
+      case 1: return launch_split.template operator()<T, kNorm, kGate, 1>();
+      case 2: return launch_split.template operator()<T, kNorm, kGate, 2>();
+      case 4: return launch_split.template operator()<T, kNorm, kGate, 4>();
+      case 8: return launch_split.template operator()<T, kNorm, kGate, 8>();
       default:
-        MICROLLM_CHECK(!kSwiGLU && l.split == 16, BackendError, "decode_gemv", "no kernel for split ", l.split);
-        if constexpr (!kSwiGLU) launch_split.template operator()<T, kNorm, kSwiGLU, 16>();
+        MICROLLM_CHECK(!kGated && l.split == 16, BackendError, "decode_gemv", "no kernel for split ", l.split);
+        if constexpr (!kGated) launch_split.template operator()<T, kNorm, kGate, 16>();
     }
   };
   auto launch_folds = [&]<typename T>() {
-    if (norm && swiglu) launch.template operator()<T, true, true>();
-    else if (norm) launch.template operator()<T, true, false>();
-    else if (swiglu) launch.template operator()<T, false, true>();
-    else launch.template operator()<T, false, false>();
+    using G = GatedActivation;
+    if (norm && gate == G::geglu) launch.template operator()<T, true, G::geglu>();
+    else if (norm && gate == G::swiglu) launch.template operator()<T, true, G::swiglu>();
+    else if (norm) launch.template operator()<T, true, G::none>();
+    else if (gate == G::swiglu) launch.template operator()<T, false, G::swiglu>();
+    else launch.template operator()<T, false, G::none>();
   };
   if (dtype == DType::bf16) launch_folds.template operator()<__nv_bfloat16>();
   else launch_folds.template operator()<__half>();
@@ -488,9 +561,13 @@ namespace microllm {
 
 namespace {
 
-void record_choice_of_rms_norm_linear(const Tensor& x, const Tensor& weight, bool swiglu, const char* choice) {
+void record_choice_of_rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& weight,
+                                      GatedActivation gate, const char* choice) {
   if (!recording_kernel_choices()) return;
-  record_kernel_choice(swiglu ? "rms_norm_linear (swiglu)" : "rms_norm_linear",
+  std::string op = "rms_norm_linear";
+  if (x_norm_weight.defined()) op += " (x normalized first)";
+  if (gate != GatedActivation::none) op += std::string(" (") + gated_activation_name(gate) + ")";
+  record_kernel_choice(op,
                        "rows " + std::to_string(x.size(0)) + ", weight " + std::to_string(weight.size(0)) + "x" +
                            std::to_string(weight.size(1)),
                        choice);
@@ -499,29 +576,31 @@ void record_choice_of_rms_norm_linear(const Tensor& x, const Tensor& weight, boo
 }  // namespace
 
 // try_decode_gemv's folded case by shape (its layout conditions hold for the model's tensors).
-bool CudaFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, bool swiglu) const {
-  return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, swiglu);
+bool CudaFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const {
+  return decode_gemv() && cuda_kernels::takes_shape(rows, weight, /*folded=*/true, gate != GatedActivation::none);
 }
 
-// The decode GEMV with the RMSNorm (and SwiGLU) folded in when it takes the shapes; else the composition (whose
+// The decode GEMV with the RMSNorms (and the gate) folded in when it takes the shapes; else the composition (whose
 // linear_swiglu runs the Hopper SwiGLU GEMM at prefill size: gemm_swiglu_sm90.cu).
-void CudaFusions::rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight, double eps,
-                                  const Tensor& weight, const Tensor& bias, bool swiglu, const Tensor& out,
-                                  const Tensor& h_out) {
+void CudaFusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                  const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
+                                  GatedActivation gate, const Tensor& out, const Tensor& h_out) {
   {
     const cuda_kernels::Launch launch(out);
-    const cuda_kernels::GemvNorm norm{residual, norm_weight, eps, h_out};
+    const cuda_kernels::GemvNorm norm{residual, norm_weight, eps, h_out, x_norm_weight};
     if (cuda_kernels::try_decode_gemv(x, weight, bias.defined() ? bias.data_ptr() : nullptr,
-                                      bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, swiglu,
+                                      bias.defined() ? bias.stride(0) : 0, out, launch.stream, &norm, gate,
                                       "rms_norm_linear")) {
-      record_choice_of_rms_norm_linear(x, weight, swiglu, "decode GEMV with the RMSNorm folded in");
+      record_choice_of_rms_norm_linear(x, x_norm_weight, weight, gate, "decode GEMV with the RMSNorm folded in");
       return;
     }
   }
-  record_choice_of_rms_norm_linear(x, weight, swiglu, swiglu ? "composition: rms_norm, linear_swiglu"
-                                                             : "composition: rms_norm, matmul");
-  // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and swiglu or swiglu_gemm).
-  Fusions::rms_norm_linear(x, residual, norm_weight, eps, weight, bias, swiglu, out, h_out);
+  const char* composition = gate == GatedActivation::swiglu  ? "composition: rms_norm, linear_swiglu"
+                            : gate == GatedActivation::geglu ? "composition: rms_norm, matmul, gelu, mul"
+                                                             : "composition: rms_norm, matmul";
+  record_choice_of_rms_norm_linear(x, x_norm_weight, weight, gate, composition);
+  // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and the gate's ops).
+  Fusions::rms_norm_linear(x, x_norm_weight, residual, norm_weight, eps, weight, bias, gate, out, h_out);
 }
 
 }  // namespace microllm

@@ -348,7 +348,8 @@ void run_matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb, const 
   }
   // Decode-sized linear layers (m <= 8, bf16/f16): a weight-streaming kernel beats cuBLASLt there (gemv.cu).
   if (!ta && tb &&
-      try_decode_gemv(a_in, b_in, bias_data, bias_stride, out, launch.stream, nullptr, false, nullptr, addend_data)) {
+      try_decode_gemv(a_in, b_in, bias_data, bias_stride, out, launch.stream, nullptr, GatedActivation::none, nullptr,
+                      addend_data)) {
     return;
   }
   // Operands cuBLASLt can read in place; others become contiguous (a device copy on this stream).
