@@ -146,7 +146,7 @@ TEST_P(DecodeGemvCudaTest, AddsTheAddendBeforeItsRounding) {
       const PoisonedOut out(m, n, dtype());
       ASSERT_TRUE(cuda_kernels::try_decode_gemv(x, w, bias.data_ptr(), 1, out.out,
                                                 static_cast<cudaStream_t>(cuda::current_stream(0).handle()), nullptr,
-                                                false, nullptr, addend.data_ptr()));
+                                                GatedActivation::none, nullptr, addend.data_ptr()));
       cuda::synchronize(0);
       const Tensor ref = linear_add(x_cpu, w_cpu, bias_cpu, addend_cpu);
       const Tensor gemv = out.out.to(Device::cpu());
@@ -210,7 +210,9 @@ TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormsAndTheGate) {
             } else if (with_residual) {
               EXPECT_EQ(testing::host_values(h.out.to(Device::cpu())), testing::host_values(h_ref)) << "h";
             }
-            if (writes_h) EXPECT_TRUE(h.guard_intact()) << "the GEMV wrote past h";
+            if (writes_h) {
+              EXPECT_TRUE(h.guard_intact()) << "the GEMV wrote past h";
+            }
           }
         }
       }
@@ -219,7 +221,7 @@ TEST_P(DecodeGemvCudaTest, FoldsTheRmsNormsAndTheGate) {
   // Three rows: every CTA would normalize them all (gemv.cu: kMaxFoldedRows), so the folded GEMV declines
   // (rms_norm_linear then runs the separate kernels) and launches nothing.
   const PoisonedOut refused(3, 1152, dtype());
-  const cuda_kernels::GemvNorm norm{Tensor(), rand({896}).to(kGpu), kEps, Tensor()};
+  const cuda_kernels::GemvNorm norm{Tensor(), rand({896}).to(kGpu), kEps, Tensor(), Tensor()};
   EXPECT_FALSE(cuda_kernels::try_decode_gemv(rand({3, 896}).to(kGpu), rand({1152, 896}).to(kGpu), nullptr, 0,
                                              refused.out, static_cast<cudaStream_t>(cuda::current_stream(0).handle()),
                                              &norm));
