@@ -43,6 +43,15 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
   }
 }
 
+void Fusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
+                          double eps, const Tensor& q_out, const Tensor& k_out) {
+  const DType stats = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  primitives_.rms_norm(q, Tensor(), q_weight, eps, q_out, Tensor(),
+                       Tensor::empty({q.numel() / q.size(-1)}, stats, q.device()));
+  primitives_.rms_norm(k, Tensor(), k_weight, eps, k_out, Tensor(),
+                       Tensor::empty({k.numel() / k.size(-1)}, stats, k.device()));
+}
+
 void Fusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) {
   const int64_t n = out.size(1);
   const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());

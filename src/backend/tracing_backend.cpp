@@ -199,6 +199,12 @@ bool TracingFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, G
   return inner_.folds_rms_norm_linear(rows, weight, gate);
 }
 
+void TracingFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
+                                 double eps, const Tensor& q_out, const Tensor& k_out) {
+  Scope span("qk_rms_norm", "op");
+  inner_.qk_rms_norm(q, k, q_weight, k_weight, eps, q_out, k_out);
+}
+
 void TracingFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                             const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,

@@ -76,6 +76,8 @@ class TracingFusions final : public Fusions {
                        const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
                        GatedActivation gate, const Tensor& out, const Tensor& h_out) override;
   bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const override;
+  void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
+                   const Tensor& q_out, const Tensor& k_out) override;
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,

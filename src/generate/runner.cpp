@@ -4,6 +4,7 @@
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
 #include "microllm/ops/norm.h"
+#include "microllm/ops/qk_norm.h"
 #include "microllm/profile/trace.h"
 
 namespace microllm::generate {
@@ -83,10 +84,7 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
   Tensor q = qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d});
   Tensor k = qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d});
   const Tensor v = qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d});
-  if (b.q_norm.defined()) {
-    q = rms_norm(q, b.q_norm, b.eps);
-    k = rms_norm(k, b.k_norm, b.eps);
-  }
+  if (b.q_norm.defined()) std::tie(q, k) = qk_rms_norm(q, k, b.q_norm, b.k_norm, b.eps);
   return cache.attend_projected(index, q, k, v, b.rope, b.o, addend);
 }
 

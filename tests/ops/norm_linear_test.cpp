@@ -13,6 +13,7 @@
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/matmul.h"
 #include "microllm/ops/norm.h"
+#include "microllm/ops/qk_norm.h"
 #include "test_support.h"
 
 namespace microllm {
@@ -107,6 +108,40 @@ TEST_P(NormLinearTest, ContractErrorsNameTheOpAndOperand) {
   expect_error([&] { rms_norm_linear(x, Tensor(), gamma, 0.0, w, Tensor()); }, "eps");
   expect_error([&] { rms_norm_linear(x, Tensor(), gamma, kEps, w, Tensor(), GatedActivation::none, rand({8})); },
                "input norm weight shape");
+}
+
+// QK-norm as one op (ops/qk_norm.h): q and k as the qkv projection's column views, each head against rms_norm on
+// the CPU; head dims of the families (64, 128, 256) and one past CUDA's one-kernel limit in f32 (the composition).
+TEST_P(NormLinearTest, QkRmsNormEqualsTheTwoRmsNorms) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t d : {64, 128, 256}) {
+      for (int64_t tokens : {1, 2, 7}) {
+        SCOPED_TRACE(str_cat(dtype_name(dtype), " d ", d, " tokens ", tokens));
+        const int64_t hq = 4, hk = 2;
+        const Tensor qkv = random_tensor({1, tokens, (hq + 2 * hk) * d}, dtype, Device::cpu(), -2, 2);
+        const Tensor q_weight = random_tensor({d}, dtype, Device::cpu(), 0.5, 1.5);
+        const Tensor k_weight = random_tensor({d}, dtype, Device::cpu(), 0.5, 1.5);
+        auto views = [&](const Tensor& t) {
+          return std::pair{t.narrow(2, 0, hq * d).view({1, tokens, hq, d}),
+                           t.narrow(2, hq * d, hk * d).view({1, tokens, hk, d})};
+        };
+        const auto [q, k] = views(qkv);
+        const auto [q_dev, k_dev] = views(qkv.to(device()));
+        const auto [q_out, k_out] = qk_rms_norm(q_dev, k_dev, q_weight.to(device()), k_weight.to(device()), kEps);
+        ASSERT_EQ(q_out.shape(), q.shape());
+        ASSERT_EQ(k_out.shape(), k.shape());
+        EXPECT_LE(testing::relative_error(q_out.to(Device::cpu()), rms_norm(q, q_weight, kEps)),
+                  testing::tolerance(dtype));
+        EXPECT_LE(testing::relative_error(k_out.to(Device::cpu()), rms_norm(k, k_weight, kEps)),
+                  testing::tolerance(dtype));
+      }
+    }
+  }
+  const Tensor q = random_tensor({2, 4, 8}, DType::f32, device()), k = random_tensor({2, 1, 8}, DType::f32, device());
+  const Tensor w = random_tensor({8}, DType::f32, device());
+  const std::string message = testing::message_of<Error>([&] { qk_rms_norm(q, k, w, w.narrow(0, 0, 4), kEps); });
+  EXPECT_NE(message.find("qk_rms_norm"), std::string::npos) << message;
+  EXPECT_NE(message.find("k weight shape"), std::string::npos) << message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, NormLinearTest, ::testing::ValuesIn(testing::test_devices()),

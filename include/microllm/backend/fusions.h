@@ -39,6 +39,11 @@ class Fusions {
   // nothing extra. The composition never folds.
   virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const;
 
+  // QK-norm (ops/qk_norm.h): q [.., Hq, D], k [.., Hk, D] (strided views), q_weight and k_weight [D], q_out and
+  // k_out contiguous of q's and k's shapes. Composition: the two rms_norms. CUDA: one kernel, a warp a head.
+  virtual void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
+                           double eps, const Tensor& q_out, const Tensor& k_out);
+
   // ---- the paged KV cache (ops/paged_attention.h) ----
   // paged_decode_attention: rope on q and k at positions, k and v written at slots, then paged_attention.
   virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,

@@ -10,6 +10,7 @@
 #include "microllm/ops/norm.h"
 #include "microllm/ops/norm_linear.h"
 #include "microllm/ops/paged_attention.h"
+#include "microllm/ops/qk_norm.h"
 #include "microllm/ops/reduce.h"
 #include "microllm/ops/rope.h"
 #include "microllm/ops/sampling.h"

@@ -10,6 +10,8 @@
 // a private [n] slice (shared memory, or global for very long rows); a second kernel adds the slices in
 // a fixed order, so grad_weight is the same on every run, with no atomics.
 #include <cmath>
+#include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "cuda_backend.h"
@@ -186,6 +188,43 @@ __global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeight
         }
       }
     }
+  }
+}
+
+// One row of at most 32 packs (a head of D <= 256 in bf16), lane `lane` its pack: the arithmetic and sum order of
+// rms_norm_cached's warp rows with one pack a lane, so the same bits.
+template <typename T, int V>
+__device__ __forceinline__ void normalize_one_pack_row(const ForwardArgs<T>& args, int64_t row, int lane) {
+  using A = acc_t<T>;
+  int64_t off[2];
+  args.rows.offsets(row, off);
+  const bool live = lane < args.n / V;
+  A values[V] = {}, sum_sq = 0;
+  if (live) {
+    const Pack<V, T> h = reinterpret_cast<const Pack<V, T>*>(args.x + off[0])[lane];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      values[v] = to_acc(h.v[v]);
+      sum_sq += values[v] * values[v];
+    }
+  }
+  const A total = warp_sum(sum_sq);
+  const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
+  if (live) store_y<T, V>(args, row, lane, values, rstd);
+}
+
+// QK-norm's two RMSNorms in one launch (CudaFusions::qk_rms_norm): a warp a row, the rows of q and then those of
+// k, each with its own weight. A decode step's q and k are a few rows each: two launches cost more than the work.
+template <typename T, int V>
+__global__ void __launch_bounds__(kNormThreads) qk_rms_norm_rows(const ForwardArgs<T> q, const ForwardArgs<T> k) {
+  wait_for_prior_grids();  // q and k come from the qkv projection just before
+  chain_next_grids();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = blockIdx.x * int64_t{kNormThreads / 32} + threadIdx.x / 32;
+  if (row < q.n_rows) {
+    normalize_one_pack_row<T, V>(q, row, lane);
+  } else if (row < q.n_rows + k.n_rows) {
+    normalize_one_pack_row<T, V>(k, row - q.n_rows, lane);
   }
 }
 
@@ -427,6 +466,48 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor
     launch_forward<T>(args, vectorized, launch.stream, launch.device);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
+}
+
+// One kernel for both where each is rows of at most 32 16-byte packs, vectorized as rms_norm's warp rows take
+// them; else the composition (two rms_norm launches).
+void CudaFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
+                              double eps, const Tensor& q_out, const Tensor& k_out) {
+  bool launched = false;
+  visit_float(q.dtype(), "qk_rms_norm", [&]<typename T>() {
+    using A = acc_t<T>;
+    constexpr int V = 16 / sizeof(T);
+    const int64_t n = q.size(-1);
+    if constexpr (std::is_same_v<A, float>) {
+      if (n == 0 || n % V != 0 || n / V > 32 || q.numel() == 0 || k.numel() == 0) return;
+      auto args_of = [&](const Tensor& x, const Tensor& w, const Tensor& out) {
+        ForwardArgs<T> a{};
+        a.x = static_cast<const T*>(x.data_ptr());
+        a.weight = static_cast<const T*>(w.data_ptr());
+        a.out = static_cast<T*>(out.data_ptr());
+        a.rows = row_meta(x, x);
+        a.n_rows = x.numel() / n;
+        a.n = n;
+        a.x_step = a.w_step = 1;
+        a.eps = static_cast<A>(eps);
+        return a;
+      };
+      const ForwardArgs<T> qa = args_of(q, q_weight, q_out), ka = args_of(k, k_weight, k_out);
+      for (const auto& [x, w] : {std::pair{&q, &q_weight}, {&k, &k_weight}}) {
+        if (x->stride(-1) != 1 || w->stride(0) != 1 || !aligned16(x->data_ptr()) || !aligned16(w->data_ptr())) return;
+      }
+      if (!aligned16(qa.out) || !aligned16(ka.out) || !row_strides_aligned(qa.rows, sizeof(T)) ||
+          !row_strides_aligned(ka.rows, sizeof(T))) {
+        return;
+      }
+      OpScope scope("qk_rms_norm", device_, detail::current_cuda_stream(device_));
+      Launch launch(q_out);
+      launch_chained(qk_rms_norm_rows<T, V>, grid_for(qa.n_rows + ka.n_rows, kNormThreads / 32), kNormThreads, 0,
+                     launch.stream, launch.device, qa, ka);
+      MICROLLM_CUDA_CHECK_LAUNCH();
+      launched = true;
+    }
+  });
+  if (!launched) Fusions::qk_rms_norm(q, k, q_weight, k_weight, eps, q_out, k_out);
 }
 
 void CudaBackend::rms_norm_backward(const Tensor& grad_out, const Tensor& h, const Tensor& weight, const Tensor& rstd,
