@@ -121,27 +121,17 @@ std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor
   return {b.down.linear(activation), h};  // the delta still owes b.post_feedforward_norm
 }
 
-// The norm a block's delta still owes before its residual add: a sandwich block's post-feedforward norm.
-const Tensor& Runner::owed_norm(int index) const {
-  static const Tensor none;
-  const Block& b = blocks_[static_cast<size_t>(index)];
-  return b.placement == nn::NormPlacement::sandwich ? b.post_feedforward_norm : none;
-}
-
 std::pair<Tensor, Tensor> Runner::layers(const Tensor& ids, AttentionCache& cache) const {
   MemoryCategoryScope memory(MemoryCategory::activations);
   MICROLLM_CHECK(ids.dim() == 2, ShapeError, "runner", "ids must be [B, T], got ", ids.shape());
   Tensor delta = embedding(embedding_, ids), residual;
   if (embedding_scale_ != 1) delta = scale(delta, embedding_scale_);
+  Tensor owed_norm;  // the norm delta still owes before its add: a sandwich block's post-feedforward norm
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    const Tensor x_norm = i > 0 ? owed_norm(static_cast<int>(i) - 1) : Tensor();
-    std::tie(delta, residual) = block(static_cast<int>(i), delta, x_norm, residual, cache);
+    std::tie(delta, residual) = block(static_cast<int>(i), delta, owed_norm, residual, cache);
+    owed_norm = blocks_[i].post_feedforward_norm;  // undefined in pre-norm blocks
   }
-  if (!blocks_.empty()) {
-    if (const Tensor& last = owed_norm(static_cast<int>(blocks_.size()) - 1); last.defined()) {
-      delta = rms_norm(delta, last, blocks_.back().eps);
-    }
-  }
+  if (owed_norm.defined()) delta = rms_norm(delta, owed_norm, blocks_.back().eps);
   return {delta, residual};
 }
 

@@ -49,7 +49,8 @@ class Runner {
  private:
   struct Block {
     nn::NormPlacement placement;
-    Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;  // weights in dtype
+    // Weights in dtype; pre_feedforward_norm and post_feedforward_norm in sandwich blocks only.
+    Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
     double eps;
     LinearWeight qkv, o, gate_up, down;
     Tensor q_norm, k_norm;  // QK-norm weights, or undefined
@@ -60,7 +61,6 @@ class Runner {
   std::pair<Tensor, Tensor> layers(const Tensor& ids, AttentionCache& cache) const;
   std::pair<Tensor, Tensor> block(int index, const Tensor& x, const Tensor& x_norm, const Tensor& residual,
                                   AttentionCache& cache) const;
-  const Tensor& owed_norm(int index) const;
   Tensor attention(int index, const Tensor& qkv, const Tensor& addend, AttentionCache& cache) const;
 
   nn::TransformerConfig config_;
