@@ -309,6 +309,9 @@ class ops:  # the submodule microllm.ops, as a namespace for the type checker
     @staticmethod
     def rms_norm_residual(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> _Tuple[Tensor, Tensor]: ...
     @staticmethod
+    def qk_rms_norm(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor,
+                    eps: float) -> _Tuple[Tensor, Tensor]: ...
+    @staticmethod
     def rms_norm_linear(x: Tensor, residual: _Optional[Tensor], norm_weight: Tensor, eps: float, weight: Tensor,
                         bias: _Optional[Tensor] = None, gate: str = "none",
                         x_norm_weight: _Optional[Tensor] = None) -> _Tuple[Tensor, Tensor]: ...

@@ -181,6 +181,13 @@ void bind_linear_algebra(py::module_& ops) {
       py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"), Guard(),
       "(rms_norm(h), h) with h = x + residual");
   ops.def(
+      "qk_rms_norm",
+      [](const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps) {
+        return qk_rms_norm(q, k, q_weight, k_weight, eps);
+      },
+      py::arg("q"), py::arg("k"), py::arg("q_weight"), py::arg("k_weight"), py::arg("eps"), Guard(),
+      "(rms_norm(q, q_weight), rms_norm(k, k_weight)) over the head dim: QK-norm as one op (contiguous results)");
+  ops.def(
       "rms_norm_linear",
       [](const Tensor& x, const OptionalTensor& residual, const Tensor& norm_weight, double eps, const Tensor& weight,
          const OptionalTensor& bias, const std::string& gate, const OptionalTensor& x_norm_weight) {

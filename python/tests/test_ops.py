@@ -181,6 +181,19 @@ def test_rms_norm(rng):
         ops.rms_norm(T(x), T(w[:8]), 1e-6)
 
 
+def test_qk_rms_norm(rng):
+    # q and k as the column views of one qkv projection [B, T, (Hq + 2 Hk) D], each head normalized by its weight.
+    qkv = T(normal(rng, 2, 3, (4 + 2 * 2) * 8))
+    q = qkv.narrow(2, 0, 32).view([2, 3, 4, 8])
+    k = qkv.narrow(2, 32, 16).view([2, 3, 2, 8])
+    q_w, k_w = normal(rng, 8), normal(rng, 8)
+    q_out, k_out = ops.qk_rms_norm(q, k, T(q_w), T(k_w), 1e-6)
+    close(q_out, rms_norm_reference(np.asarray(q), q_w, 1e-6), rtol=1e-5, atol=1e-6)
+    close(k_out, rms_norm_reference(np.asarray(k), k_w, 1e-6), rtol=1e-5, atol=1e-6)
+    with pytest.raises(microllm.ShapeError, match="k weight shape"):
+        ops.qk_rms_norm(q, k, T(q_w), T(k_w[:4]), 1e-6)
+
+
 def test_rms_norm_linear(rng):
     x, residual, norm_w = normal(rng, 2, 16), normal(rng, 2, 16), normal(rng, 16)
     w, bias = normal(rng, 12, 16), normal(rng, 12)
