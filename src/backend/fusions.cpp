@@ -16,14 +16,12 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
                               GatedActivation gate, const Tensor& out, const Tensor& h_out) {
   const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   Tensor input = x;
-  if (x_norm_weight.defined()) {  // the sublayer output's own norm, before the residual add
-    input = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x_norm_weight.defined()) {  // the sublayer output's own norm, before the residual add: h itself without one
+    input = residual.defined() || !h_out.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : h_out;
     primitives_.rms_norm(x, Tensor(), x_norm_weight, eps, input, Tensor(), rstd);
   }
   const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
-  // h_out receives input + residual; without a residual, a copy of the normalized input (its h).
   primitives_.rms_norm(input, residual, norm_weight, eps, normed, residual.defined() ? h_out : Tensor(), rstd);
-  if (h_out.defined() && !residual.defined()) Tensor(h_out).copy_(input);  // a handle to the same storage
   switch (gate) {
     case GatedActivation::none:
       primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);

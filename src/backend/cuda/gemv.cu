@@ -209,27 +209,25 @@ __device__ void normalize_staged_rows(const GemvArgs& a, T* rows, const T* g_wei
 }
 
 // kNorm with x_norm_weight, after the wait: sx [m][x_pitch] = rms_norm(x) * sgx, a sandwich block's sublayer output
-// normalized before its residual add; stage_normalized_x then reads x' from there (each thread its own packs).
+// normalized before its residual add; stage_normalized_x then reads x' from there. x is staged as a plain product
+// stages it, then every thread sums and normalizes the packs tid, tid + kThreads, ... of each row (the order
+// stage_normalized_x sums in, so a row's bits do not depend on m).
 template <int kThreads, typename T>
 __device__ void stage_x_own_norm(const GemvArgs& a, T* sx, const T* sgx, float* scratch) {
-  constexpr int kRows = kMaxFoldedRows, kBatch = 2;
-  const int tid = static_cast<int>(threadIdx.x), packs = a.k / 8;
-  const T* x = static_cast<const T*>(a.x);
-  float sum_sq[kRows] = {};
-  for (int p0 = tid; p0 < packs; p0 += kThreads * kBatch) {
-    uint4 xv[kRows][kBatch];
-    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
-      xv[r][u] = *reinterpret_cast<const uint4*>(x + r * a.x_stride + p * 8);
-    });
-    for_batch_packs<kThreads, kRows, kBatch>(p0, a.m, packs, [&](int r, int u, int p) {
+  stage_x<kThreads>(a, sx);
+  __syncthreads();  // stage_x's packs are other threads' than the ones summed below
+  float sum_sq[kMaxFoldedRows] = {};
+  for (int p = static_cast<int>(threadIdx.x); p < a.k / 8; p += kThreads) {
+#pragma unroll
+    for (int r = 0; r < kMaxFoldedRows; ++r) {
+      if (r >= a.m) continue;
       float v[8];
-      load8(reinterpret_cast<const T*>(&xv[r][u]), v);
+      load8(sx + r * a.x_pitch + p * 8, v);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_sq[r] += v[e] * v[e];
-      *reinterpret_cast<uint4*>(sx + r * a.x_pitch + p * 8) = xv[r][u];
-    });
+    }
   }
-  float rstd[kRows];
+  float rstd[kMaxFoldedRows];
   rows_rstd<kThreads>(a, sum_sq, scratch, rstd);
   normalize_staged_rows<kThreads>(a, sx, sgx, rstd);
   __syncthreads();  // scratch free for stage_normalized_x's sums

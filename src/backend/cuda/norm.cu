@@ -67,7 +67,7 @@ struct ForwardArgs {
   const T* weight;
   T* out;               // [rows, n] contiguous
   T* h_out;             // [rows, n] contiguous, or null
-  acc_t<T>* rstd;       // [rows]
+  acc_t<T>* rstd;       // [rows], or null (QK-norm keeps none)
   StridedMeta<2> rows;  // row index -> offset of the row's first element in x and in residual
   int64_t n_rows, n;
   int64_t x_step, r_step, w_step;  // element steps along a row (1 on the vectorized paths)
@@ -96,6 +96,69 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
 #pragma unroll
   for (int v = 0; v < V; ++v) y[v] = w[v] * round_to<T>(h[v] * rstd);
   store_group<T, V>(args.out + row * args.n, p, y);
+}
+
+// One row of rms_norm_cached: thread `lane` of the row's TPR holds groups lane + q * TPR (q < P) in registers (the
+// kernel's comment says why); w: the weight packs where kWeightFirst loaded them; scratch: the block row's sums.
+template <typename T, int V, int P, int TPR, bool kWeightFirst>
+__device__ __forceinline__ void normalize_row(const ForwardArgs<T>& args, int64_t row, int lane,
+                                              const Pack<V, T> (&w)[kWeightFirst ? P : 1], acc_t<T>* scratch) {
+  using A = acc_t<T>;
+  const int64_t groups = args.n / V;
+  int64_t off[2];
+  args.rows.offsets(row, off);
+  const T* x_row = args.x + off[0];
+  const T* r_row = args.residual ? args.residual + off[1] : nullptr;
+  // Every load of the row before any store: h_out may alias x as far as the compiler knows, so a store of h
+  // between two loads would keep the next load behind it, one memory round trip per pack.
+  Pack<V, T> h[P], r[P];
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const int64_t p = lane + q * TPR;
+    if (p < groups) {
+      h[q] = reinterpret_cast<const Pack<V, T>*>(x_row)[p];
+      if (r_row) r[q] = reinterpret_cast<const Pack<V, T>*>(r_row)[p];
+    }
+  }
+  A sum_sq = 0;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const int64_t p = lane + q * TPR;
+    if (p < groups) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        // h = x, or round(x + residual): a value of T either way, so keeping T is exact.
+        const A value = r_row ? round_to<T>(to_acc(h[q].v[v]) + to_acc(r[q].v[v])) : to_acc(h[q].v[v]);
+        sum_sq += value * value;
+        h[q].v[v] = from_acc<T>(value);
+      }
+      if (args.h_out) reinterpret_cast<Pack<V, T>*>(args.h_out + row * args.n)[p] = h[q];
+    }
+  }
+  A total;
+  if constexpr (TPR == 32)
+    total = warp_sum(sum_sq);
+  else
+    total = block_sum(sum_sq, scratch);
+  const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
+  if (lane == 0 && args.rstd) args.rstd[row] = rstd;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const int64_t p = lane + q * TPR;
+    if (p < groups) {
+      A values[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) values[v] = to_acc(h[q].v[v]);
+      if constexpr (kWeightFirst) {
+        A y[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) y[v] = to_acc(w[q].v[v]) * round_to<T>(values[v] * rstd);
+        store_group<T, V>(args.out + row * args.n, p, y);
+      } else {
+        store_y<T, V>(args, row, p, values, rstd);
+      }
+    }
+  }
 }
 
 // TPR threads per row (32: a warp, 256: the block); thread `lane` holds groups lane + q * TPR, q < P, of
@@ -134,97 +197,24 @@ __global__ void __launch_bounds__(kNormThreads, TPR == 32 && (P <= 4 || !kWeight
   // Uniform per row group: every thread of a warp (TPR 32) or of the block (TPR 256) runs the same rows.
   for (int64_t row = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.x / TPR; row < args.n_rows;
        row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
-    int64_t off[2];
-    args.rows.offsets(row, off);
-    const T* x_row = args.x + off[0];
-    const T* r_row = args.residual ? args.residual + off[1] : nullptr;
-    // Every load of the row before any store: h_out may alias x as far as the compiler knows, so a store of h
-    // between two loads would keep the next load behind it, one memory round trip per pack.
-    Pack<V, T> h[P], r[P];
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-      const int64_t p = lane + q * TPR;
-      if (p < groups) {
-        h[q] = reinterpret_cast<const Pack<V, T>*>(x_row)[p];
-        if (r_row) r[q] = reinterpret_cast<const Pack<V, T>*>(r_row)[p];
-      }
-    }
-    A sum_sq = 0;
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-      const int64_t p = lane + q * TPR;
-      if (p < groups) {
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          // h = x, or round(x + residual): a value of T either way, so keeping T is exact.
-          const A value = r_row ? round_to<T>(to_acc(h[q].v[v]) + to_acc(r[q].v[v])) : to_acc(h[q].v[v]);
-          sum_sq += value * value;
-          h[q].v[v] = from_acc<T>(value);
-        }
-        if (args.h_out) reinterpret_cast<Pack<V, T>*>(args.h_out + row * args.n)[p] = h[q];
-      }
-    }
-    A total;
-    if constexpr (TPR == 32)
-      total = warp_sum(sum_sq);
-    else
-      total = block_sum(sum_sq, scratch);
-    const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
-    if (lane == 0) args.rstd[row] = rstd;
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-      const int64_t p = lane + q * TPR;
-      if (p < groups) {
-        A values[V];
-#pragma unroll
-        for (int v = 0; v < V; ++v) values[v] = to_acc(h[q].v[v]);
-        if constexpr (kWeightFirst) {
-          A y[V];
-#pragma unroll
-          for (int v = 0; v < V; ++v) y[v] = to_acc(w[q].v[v]) * round_to<T>(values[v] * rstd);
-          store_group<T, V>(args.out + row * args.n, p, y);
-        } else {
-          store_y<T, V>(args, row, p, values, rstd);
-        }
-      }
-    }
+    normalize_row<T, V, P, TPR, kWeightFirst>(args, row, lane, w, scratch);
   }
 }
 
-// One row of at most 32 packs (a head of D <= 256 in bf16), lane `lane` its pack: the arithmetic and sum order of
-// rms_norm_cached's warp rows with one pack a lane, so the same bits.
-template <typename T, int V>
-__device__ __forceinline__ void normalize_one_pack_row(const ForwardArgs<T>& args, int64_t row, int lane) {
-  using A = acc_t<T>;
-  int64_t off[2];
-  args.rows.offsets(row, off);
-  const bool live = lane < args.n / V;
-  A values[V] = {}, sum_sq = 0;
-  if (live) {
-    const Pack<V, T> h = reinterpret_cast<const Pack<V, T>*>(args.x + off[0])[lane];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      values[v] = to_acc(h.v[v]);
-      sum_sq += values[v] * values[v];
-    }
-  }
-  const A total = warp_sum(sum_sq);
-  const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
-  if (live) store_y<T, V>(args, row, lane, values, rstd);
-}
-
-// QK-norm's two RMSNorms in one launch (CudaFusions::qk_rms_norm): a warp a row, the rows of q and then those of
-// k, each with its own weight. A decode step's q and k are a few rows each: two launches cost more than the work.
+// QK-norm's two RMSNorms in one launch (CudaFusions::qk_rms_norm): a warp a row of at most 32 packs (a head of
+// D <= 256 in bf16), the rows of q and then those of k, each with its own weight; rms_norm's warp rows, so its
+// bits. A decode step's q and k are a few rows each: two launches cost more than the work.
 template <typename T, int V>
 __global__ void __launch_bounds__(kNormThreads) qk_rms_norm_rows(const ForwardArgs<T> q, const ForwardArgs<T> k) {
   wait_for_prior_grids();  // q and k come from the qkv projection just before
   chain_next_grids();
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row = blockIdx.x * int64_t{kNormThreads / 32} + threadIdx.x / 32;
+  const Pack<V, T> no_weight[1] = {};  // normalize_row loads the weight at its store
   if (row < q.n_rows) {
-    normalize_one_pack_row<T, V>(q, row, lane);
+    normalize_row<T, V, 1, 32, false>(q, row, lane, no_weight, nullptr);
   } else if (row < q.n_rows + k.n_rows) {
-    normalize_one_pack_row<T, V>(k, row - q.n_rows, lane);
+    normalize_row<T, V, 1, 32, false>(k, row - q.n_rows, lane, no_weight, nullptr);
   }
 }
 
@@ -380,6 +370,17 @@ bool row_strides_aligned(const StridedMeta<2>& meta, size_t element_size) {
   return true;
 }
 
+// Whether the rows of `args` (its steps set from the tensors' strides) move in 16-byte packs: unit steps, whole packs
+// a row, every row and vector aligned.
+template <typename T>
+bool vector_rows(const ForwardArgs<T>& a) {
+  constexpr int V = 16 / sizeof(T);
+  const bool fused = a.residual != nullptr;
+  return a.n > 0 && a.n % V == 0 && a.x_step == 1 && (!fused || a.r_step == 1) && a.w_step == 1 && aligned16(a.x) &&
+         (!fused || aligned16(a.residual)) && aligned16(a.weight) && aligned16(a.out) &&
+         (!a.h_out || aligned16(a.h_out)) && row_strides_aligned(a.rows, sizeof(T));
+}
+
 template <typename T, int V, int P, int TPR, bool kWeightFirst = false>
 void launch_cached(const ForwardArgs<T>& args, cudaStream_t stream, int device) {
   launch_chained(rms_norm_cached<T, V, P, TPR, kWeightFirst>, grid_for(args.n_rows, kNormThreads / TPR), kNormThreads,
@@ -458,18 +459,13 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor
     args.r_step = fused ? residual.stride(-1) : 0;
     args.w_step = weight.stride(0);
     args.eps = static_cast<A>(eps);  // HF adds eps to an f32 tensor
-    constexpr int V = 16 / sizeof(T);
-    const bool vectorized = n > 0 && n % V == 0 && args.x_step == 1 && (!fused || args.r_step == 1) &&
-                            args.w_step == 1 && aligned16(args.x) && (!fused || aligned16(args.residual)) &&
-                            aligned16(args.weight) && aligned16(args.out) && (!args.h_out || aligned16(args.h_out)) &&
-                            row_strides_aligned(args.rows, sizeof(T));
-    launch_forward<T>(args, vectorized, launch.stream, launch.device);
+    launch_forward<T>(args, vector_rows(args), launch.stream, launch.device);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
 }
 
-// One kernel for both where each is rows of at most 32 16-byte packs, vectorized as rms_norm's warp rows take
-// them; else the composition (two rms_norm launches).
+// One kernel for both where each is rows of at most 32 16-byte packs that rms_norm would vectorize; else the
+// composition (two rms_norm launches).
 void CudaFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
                               double eps, const Tensor& q_out, const Tensor& k_out) {
   bool launched = false;
@@ -478,7 +474,7 @@ void CudaFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_
     constexpr int V = 16 / sizeof(T);
     const int64_t n = q.size(-1);
     if constexpr (std::is_same_v<A, float>) {
-      if (n == 0 || n % V != 0 || n / V > 32 || q.numel() == 0 || k.numel() == 0) return;
+      if (n / V > 32 || q.numel() == 0 || k.numel() == 0) return;
       auto args_of = [&](const Tensor& x, const Tensor& w, const Tensor& out) {
         ForwardArgs<T> a{};
         a.x = static_cast<const T*>(x.data_ptr());
@@ -487,18 +483,13 @@ void CudaFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_
         a.rows = row_meta(x, x);
         a.n_rows = x.numel() / n;
         a.n = n;
-        a.x_step = a.w_step = 1;
+        a.x_step = x.stride(-1);
+        a.w_step = w.stride(0);
         a.eps = static_cast<A>(eps);
         return a;
       };
       const ForwardArgs<T> qa = args_of(q, q_weight, q_out), ka = args_of(k, k_weight, k_out);
-      for (const auto& [x, w] : {std::pair{&q, &q_weight}, {&k, &k_weight}}) {
-        if (x->stride(-1) != 1 || w->stride(0) != 1 || !aligned16(x->data_ptr()) || !aligned16(w->data_ptr())) return;
-      }
-      if (!aligned16(qa.out) || !aligned16(ka.out) || !row_strides_aligned(qa.rows, sizeof(T)) ||
-          !row_strides_aligned(ka.rows, sizeof(T))) {
-        return;
-      }
+      if (!vector_rows(qa) || !vector_rows(ka)) return;
       OpScope scope("qk_rms_norm", device_, detail::current_cuda_stream(device_));
       Launch launch(q_out);
       launch_chained(qk_rms_norm_rows<T, V>, grid_for(qa.n_rows + ka.n_rows, kNormThreads / 32), kNormThreads, 0,
