@@ -223,6 +223,13 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
   decode.q_offset = 297;
   AttentionParams late_chunk;  // a prefill chunk late in a long prompt
   late_chunk.q_offset = 1000;
+  // Sliding windows: the flash kernels start each query block at its first row's first key.
+  auto windowed = [](int64_t window, int64_t q_offset) {
+    AttentionParams p;
+    p.window = window;
+    p.q_offset = q_offset;
+    return p;
+  };
   for (const ParityCase& c : std::vector<ParityCase>{
            {"flash q_offset", {rand({2, 40, 14, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1),
                                rand({2, 40, 14, 64}, -1, 1)}, fwd_bwd(chunked)},
@@ -241,6 +248,24 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
            {"flash split keys non-causal", {rand({1, 100, 2, 128}, -1, 1), rand({1, 1500, 2, 128}, -1, 1),
                                             rand({1, 1500, 2, 128}, -1, 1), rand({1, 100, 2, 128}, -1, 1)},
             fwd_bwd(full)},
+           {"flash window 100 d128", {rand({1, 300, 12, 128}, -1, 1), rand({1, 300, 2, 128}, -1, 1),
+                                      rand({1, 300, 2, 128}, -1, 1), rand({1, 300, 12, 128}, -1, 1)},
+            fwd_bwd(windowed(100, 0))},
+           // With 64-key tiles its blocks of 5 tiles split while the last block, 2 rows long, reads 4 and does not.
+           {"flash window 190, split keys, short last block", {rand({1, 1410, 4, 64}, -1, 1),
+                                                               rand({1, 1410, 2, 64}, -1, 1),
+                                                               rand({1, 1410, 2, 64}, -1, 1),
+                                                               rand({1, 1410, 4, 64}, -1, 1)},
+            fwd_bwd(windowed(190, 0))},
+           {"flash window after cached keys", {rand({2, 150, 12, 128}, -1, 1), rand({2, 400, 2, 128}, -1, 1),
+                                              rand({2, 400, 2, 128}, -1, 1), rand({2, 150, 12, 128}, -1, 1)},
+            fwd_bwd(windowed(100, 250))},
+           {"flash window past every row (none)", {rand({1, 130, 4, 64}, -1, 1), rand({1, 130, 2, 64}, -1, 1),
+                                                   rand({1, 130, 2, 64}, -1, 1), rand({1, 130, 4, 64}, -1, 1)},
+            fwd_bwd(windowed(130, 0))},
+           {"decode window 50 d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
+                                      rand({2, 300, 2, 128}, -1, 1), rand({2, 3, 4, 128}, -1, 1)},
+            fwd_bwd(windowed(50, 297))},
            {"decode masked d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
                                    rand({2, 3, 4, 128}, -1, 1), mask}, fwd_bwd(decode)},
            {"decode d40", {rand({3, 1, 6, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1),
@@ -255,7 +280,9 @@ TEST_P(CudaParityTest, FlashBackwardIsBitwiseRepeatableAndAgreesWithTheAtomicMod
   const testing::ScopedSwitch restore(deterministic_algorithms, set_deterministic_algorithms, true);
   AttentionParams chunked;  // causal with a query offset: the dQ part sums must stop at each row's last block
   chunked.q_offset = 100;
-  for (const AttentionParams& p : {AttentionParams{}, chunked}) {
+  AttentionParams windowed;  // and under a window start at its first
+  windowed.window = 100;
+  for (const AttentionParams& p : {AttentionParams{}, chunked, windowed}) {
     const int64_t t = p.q_offset > 0 ? 90 : 333;
     const Device gpu = Device::cuda(0);
     const Tensor q = rand({2, t, 8, 64}, -1, 1).to(gpu).transpose(1, 2);

@@ -1,7 +1,7 @@
 // The flash attention forward's Hopper kernel (TMA + wgmma, src/backend/cuda/attention_flash_fwd_sm90.cu) against
 // the kernel before it (mma.sync, attention_flash_fwd.cu: set_flash_wgmma(false)) and the CPU reference, on
 // fresh random inputs with NaN-poisoned outputs and a guard band after them: causal and not, a query offset
-// (a prefill chunk after cached keys), grouped heads, lengths that are not a multiple of any tile, blocks
+// (a prefill chunk after cached keys), sliding windows, grouped heads, lengths that are not a multiple of any tile, blocks
 // whose keys split over several CTAs, q, k and v as heads of one fused projection's rows, k and v broadcast
 // across heads (stride 0), and the prefills of Qwen2.5-0.5B (D 64) and R1-Distill-1.5B (D 128); each kernel
 // writes both a contiguous output and a token-major view (what ops::attention hands it), bit for bit the same.
@@ -64,6 +64,12 @@ AttentionParams causal_at(int64_t q_offset) {
   p.q_offset = q_offset;
   return p;
 }
+AttentionParams windowed(int64_t window, int64_t q_offset) {
+  AttentionParams p;
+  p.window = window;
+  p.q_offset = q_offset;
+  return p;
+}
 AttentionParams not_causal() {
   AttentionParams p;
   p.causal = false;
@@ -98,6 +104,10 @@ TEST_P(FlashForwardCudaTest, HopperKernelMatchesTheMmaKernelAndTheCpuReference) 
       {"d128 heads of one fused qkv buffer", 1, 300, 300, 12, 2, 128, AttentionParams{}, true, true},
       {"d64 heads of one fused qkv buffer, batch 2", 2, 257, 257, 14, 2, 64, AttentionParams{}, true, true},
       {"d128 one kv head broadcast to two", 2, 150, 150, 12, 2, 128, AttentionParams{}, true, false, true},
+      {"d128 window 100", 1, 300, 300, 12, 2, 128, windowed(100, 0), true},
+      {"d64 window 190, split keys, short last block", 1, 1410, 1410, 4, 2, 64, windowed(190, 0), true},
+      {"d128 window 100 after cached keys", 2, 150, 400, 12, 2, 128, windowed(100, 250), true},
+      {"d128 window 600, split keys", 1, 1100, 1100, 8, 2, 128, windowed(600, 0), true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

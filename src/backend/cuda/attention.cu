@@ -4,6 +4,7 @@
 //             attention_flash_fwd_sm90.cu, else mma.sync, attention_flash_fwd.cu)
 //          -> reference (any dtype, D, mask, layout: attention_reference.cu)
 //   backward: flash (same conditions, attention_flash_bwd.cu) -> reference.
+// Each path takes a sliding window (keys j > q_offset + i - window): the flash kernels skip the tiles before it.
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
 // when a view has no unit stride along D. MICROLLM_DISABLE=fast-attention in the environment forces the
 // reference path everywhere (for checking the fast paths against it).
@@ -35,7 +36,8 @@ Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& pa
   p.scale = params.scale != 0 ? params.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   p.causal = params.causal;
   p.q_offset = params.q_offset;
-  p.window = params.window;
+  // A window no query row reaches past (q_offset + T <= window) hides nothing: the plain causal problem.
+  p.window = params.window > 0 && p.q_offset + p.q_len > params.window ? params.window : 0;
   return p;
 }
 
@@ -83,7 +85,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
                              std::to_string(k.size(2)),
                          choice);
   };
-  if (!at::force_reference() && p.window == 0) {  // a sliding window: the reference kernel only, for now
+  if (!at::force_reference()) {
     if (at::decode_supported(p, q.dtype())) {
       record("decode kernel (a query row a CTA)");
       return at::write_into(out, false, [&](const Tensor& o) {
@@ -111,7 +113,7 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   Launch launch(grad_k.numel() > 0 ? grad_k : grad_q);
   namespace at = cuda_kernels::attention;
   const at::Problem p = at::make_problem(q, k, params);
-  if (!at::force_reference() && p.window == 0 && at::flash_supported(p, q.dtype(), mask.defined())) {
+  if (!at::force_reference() && at::flash_supported(p, q.dtype(), mask.defined())) {
     at::flash_backward(p, q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, launch.stream, launch.device);
     return;
   }

@@ -1,6 +1,6 @@
 // Flash-decoding: attention for a few query rows (T <= 4: token-by-token generation, short speculative
 // chunks) against a long KV cache, bf16/f16/f32, any head dim D <= 256 that is a multiple of 8, with
-// causal/q_offset and the optional mask.
+// causal/q_offset, a sliding window (its hidden keys masked, not skipped) and the optional mask.
 //
 // With T = 1 a head's whole work is one row against S keys: too little for a CTA per head, so the keys
 // are split into chunks of up to 256 across CTAs, and a combine kernel merges the partial softmaxes:
@@ -42,6 +42,7 @@ struct DecodeArgs {
   int64_t mask_stride[4];
   int q_heads, kv_heads, group, q_len, kv_len, dim;
   int64_t q_offset;
+  int64_t window;  // > 0: query i sees keys j > q_offset + i - window too
   bool causal;
   float scale;
   int rows_per_group;  // group * q_len
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_partial_kernel(const Decod
       if (visible) {
         const int h = head_of(r), i = qrow_of(r);
         if (a.causal && j > a.q_offset + i) visible = false;
+        if (a.window > 0 && j <= a.q_offset + i - a.window) visible = false;
         if (visible && a.mask != nullptr) {
           visible = a.mask[b * a.mask_stride[0] + h * a.mask_stride[1] + i * a.mask_stride[2] +
                            static_cast<int64_t>(j) * a.mask_stride[3]] != 0;
@@ -205,6 +207,7 @@ void decode_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, co
       a.kv_len = static_cast<int>(p.kv_len);
       a.dim = static_cast<int>(p.head_dim);
       a.q_offset = p.q_offset;
+      a.window = p.window;
       a.causal = p.causal;
       a.scale = static_cast<float>(p.scale);
       a.rows_per_group = rows_per_group;

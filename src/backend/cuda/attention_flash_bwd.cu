@@ -64,6 +64,7 @@ struct BwdArgs {
   void* dv;
   int64_t q_stride[3], k_stride[3], v_stride[3], do_stride[3];  // batch, head, position; dim stride 1
   int batch, q_heads, kv_heads, group, n_split, q_len, kv_len, q_offset;
+  int window;  // > 0: query i sees keys j > q_offset + i - window too
   bool causal, partial;
   float scale, scale_log2;
 };
@@ -92,11 +93,13 @@ __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const Bw
   const int heads = a.group / a.n_split;
   const int h0 = hk * a.group + split * heads;
 
-  // Query blocks that see any key of this block: rows i with q_offset + i >= k0 when causal.
+  // Query blocks that see any key of this block: rows i with q_offset + i >= k0 when causal, and under a window
+  // rows i < (its last key) + window - q_offset.
   const int i_min = a.causal ? max(0, k0 - a.q_offset) : 0;
+  const int i_end = a.window > 0 ? min(a.q_len, min(k0 + kBC, a.kv_len) - 1 + a.window - a.q_offset) : a.q_len;
   const int qb_begin = i_min / kBR;
-  const int n_qb = (a.q_len + kBR - 1) / kBR;
-  const int nq = max(0, n_qb - qb_begin);
+  const int qb_end = i_end > 0 ? (i_end + kBR - 1) / kBR : 0;
+  const int nq = max(0, qb_end - qb_begin);
   const int n_iters = heads * nq;
 
   float dk[NDT][4], dv[NDT][4];  // C layout: keys wm*16 + g (+8), dims wn*DH + dn*8 + 2t (+1)
@@ -196,7 +199,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const Bw
         const int hf = e >> 1;
         const int row = q0 + wm * 16 + g + hf * 8;
         const int col = k0 + wn * 32 + nt * 8 + 2 * t4 + (e & 1);
-        const bool visible = row_ok[hf] && col < a.kv_len && (!a.causal || col <= a.q_offset + row);
+        const bool visible = row_ok[hf] && col < a.kv_len && (!a.causal || col <= a.q_offset + row) &&
+                             (a.window == 0 || col > a.q_offset + row - a.window);
         const float p = visible ? exp2f(s[nt][e] * a.scale_log2 - lse2[hf]) : 0.f;
         s[nt][e] = p;
         dp[nt][e] = p * (dp[nt][e] - dlt[hf]);
@@ -319,17 +323,19 @@ __global__ void cast_dq_kernel(const float* __restrict__ acc, float scale, int64
 }
 
 // dq[r, d] = scale * sum over the key blocks row r sees (in order) of part[kb, r, d]. Causal, the row at
-// position i sees key blocks 0 .. (q_offset + i) / BC; the main kernel wrote exactly those slices.
+// position i sees key blocks up to (q_offset + i) / BC, and under a window from (q_offset + i - window + 1) / BC;
+// the main kernel wrote those slices (and maybe others before the window, all zero for this row).
 template <typename T>
 __global__ void sum_dq_parts_kernel(const float* __restrict__ part, float scale, int64_t rows, int D, int q_len,
-                                    int n_kb, bool causal, int q_offset, T* __restrict__ dq) {
+                                    int n_kb, bool causal, int q_offset, int window, T* __restrict__ dq) {
   const int64_t n = rows * D;
   MICROLLM_GRID_STRIDE_LOOP(e, n) {
     const int64_t r = e / D;
     const int i = static_cast<int>(r % q_len);
     const int seen = causal ? min(n_kb, (q_offset + i) / kBC + 1) : n_kb;
+    const int first = window > 0 ? max(0, q_offset + i - window + 1) / kBC : 0;
     float sum = 0.f;
-    for (int kb = 0; kb < seen; ++kb) sum += part[kb * n + e];
+    for (int kb = first; kb < seen; ++kb) sum += part[kb * n + e];
     dq[e] = from_acc<T>(scale * sum);
   }
 }
@@ -413,6 +419,7 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
   a.kv_len = static_cast<int>(p.kv_len);
   a.q_offset = p.causal ? static_cast<int>(p.q_offset) : 0;
   a.causal = p.causal;
+  a.window = static_cast<int>(p.window);  // < q_offset + T <= S (make_problem): an int
   a.partial = n_split > 1;
   a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
@@ -428,7 +435,7 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
   if (deterministic) {
     sum_dq_parts_kernel<T><<<grid_for(q_elems), kThreads, 0, stream>>>(
         dq_part.data<float>(), a.scale, rows, D, a.q_len, static_cast<int>(n_kb), a.causal, a.q_offset,
-        static_cast<T*>(grad_q.data_ptr()));
+        a.window, static_cast<T*>(grad_q.data_ptr()));
   } else {
     cast_dq_kernel<T><<<grid_for(q_elems), kThreads, 0, stream>>>(dq_acc.data<float>(), a.scale, q_elems,
                                                                     static_cast<T*>(grad_q.data_ptr()));

@@ -12,8 +12,8 @@
 //   online softmax in registers, in log2 units (s * scale * log2 e, exp2f), running max m and sum l
 //   O [16 x D] += P V       (P re-packed from the S accumulators into A fragments: no shared memory;
 //                            V fragments by ldmatrix.trans)
-// Causal: the CTA stops at its last row's diagonal; only tiles that cross it (or the end of the keys)
-// are masked. [T, S] is never materialized. Output goes through shared memory for 16-byte stores; lse
+// Causal: the CTA stops at its last row's diagonal, and under a sliding window starts at the tile of its first
+// row's first key; only tiles that cross the diagonal, the window's edge or the end of the keys are masked. [T, S] is never materialized. Output goes through shared memory for 16-byte stores; lse
 // (natural log) is written for the backward.
 //
 // Split keys. A causal block's work grows with its position, so when B x Hq x query blocks is small
@@ -140,10 +140,10 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
       }
     }
 
-    // ---- scale to log2 units; mask keys past the end or the diagonal (tiles that need it) ----
+    // ---- scale to log2 units; mask keys past the end, the diagonal or the window (tiles that need it) ----
     const int key0 = jt * BC;
-    const bool need_mask =
-        key0 + BC > a.kv_len || (a.causal && key0 + BC - 1 > a.q_offset + q0 + warp_row0);
+    const int row_lo = q0 + warp_row0;
+    const bool need_mask = tile_needs_mask(a, key0, BC, row_lo, row_lo + Tile::kWarpRows - 1);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(cons
           if (need_mask) {
             const int row = q0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
             const int col = key0 + nt * 8 + 2 * t4 + (e & 1);
-            if (col >= a.kv_len || (a.causal && col > a.q_offset + row)) x = -INFINITY;
+            if (!key_visible(a, row, col)) x = -INFINITY;
           }
           s[mt][nt][e] = x;
         }
@@ -296,6 +296,7 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.kv_len = static_cast<int>(p.kv_len);
   a.q_offset = p.causal ? static_cast<int>(p.q_offset) : 0;  // causal: q_offset + T <= S (checked by ops)
   a.causal = p.causal;
+  a.window = static_cast<int>(p.window);  // < q_offset + T <= S (make_problem): an int
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const bool bf16 = q.dtype() == DType::bf16;
   if (a.scale_log2 > 0 && flash_forward_uses_wgmma(device)) {  // it folds the scale into the max

@@ -24,6 +24,7 @@ struct FwdArgs {
   int64_t q_stride[3], k_stride[3], v_stride[3];  // batch, head, position (elements); dim stride is 1
   int64_t out_stride[3];                          // the same for out, each row 16-byte aligned
   int q_heads, group, q_len, kv_len, q_offset;
+  int window;  // > 0: query i sees keys j > q_offset + i - window too (causal only)
   bool causal;
   float scale_log2;  // scale * log2(e)
   // Split keys (attention_flash_fwd.cu's header comment); chunk_tiles 0: one CTA per query block, no partials.
@@ -43,6 +44,20 @@ MICROLLM_HD inline int block_kv_end(const FwdArgs& a, int q0, int rows) {
   return a.causal && causal_end < a.kv_len ? causal_end : a.kv_len;
 }
 
+// The first key query block [q0, ...) reads: 0, or under a sliding window the first key its first row sees.
+MICROLLM_HD inline int block_kv_begin(const FwdArgs& a, int q0) {
+  const int first = a.q_offset + q0 - a.window + 1;
+  return a.window > 0 && first > 0 ? first : 0;
+}
+
+// Query block [q0, q0 + rows)'s key tiles of width bc: [first, end).
+struct TileRange {
+  int first, end;
+};
+MICROLLM_HD inline TileRange block_tiles(const FwdArgs& a, int q0, int rows, int bc) {
+  return {block_kv_begin(a, q0) / bc, (block_kv_end(a, q0, rows) + bc - 1) / bc};
+}
+
 // The key tiles [begin, end) of width BC that this CTA reads: query block [q0, q0 + rows) reads all its tiles, or,
 // when its keys split, split blockIdx.z's chunk of them (attention_flash_fwd.cu's header comment), which then
 // writes a partial. begin >= end: nothing to do (a split past this block's keys).
@@ -52,11 +67,22 @@ struct CtaTiles {
 };
 template <int BC>
 __device__ __forceinline__ CtaTiles cta_tiles(const FwdArgs& a, int q0, int rows) {
-  const int n_tiles = (block_kv_end(a, q0, rows) + BC - 1) / BC;
-  const bool partial = a.chunk_tiles > 0 && n_tiles > a.chunk_tiles;
-  const int end = partial ? n_tiles - static_cast<int>(blockIdx.z) * a.chunk_tiles : n_tiles;
-  if (end <= 0 || (!partial && blockIdx.z > 0)) return {0, 0, false};
-  return {partial ? max(0, end - a.chunk_tiles) : 0, end, partial};
+  const TileRange t = block_tiles(a, q0, rows, BC);
+  const bool partial = a.chunk_tiles > 0 && t.end - t.first > a.chunk_tiles;
+  const int end = partial ? t.end - static_cast<int>(blockIdx.z) * a.chunk_tiles : t.end;
+  if (end <= t.first || (!partial && blockIdx.z > 0)) return {0, 0, false};
+  return {partial ? max(t.first, end - a.chunk_tiles) : t.first, end, partial};
+}
+
+// Whether key tile [key0, key0 + bc) needs the mask for query rows [row_lo, row_hi]: it reaches past the keys or
+// the diagonal of row_lo, or under a window its first key is hidden from row_hi.
+MICROLLM_HD inline bool tile_needs_mask(const FwdArgs& a, int key0, int bc, int row_lo, int row_hi) {
+  return key0 + bc > a.kv_len || (a.causal && key0 + bc - 1 > a.q_offset + row_lo) ||
+         (a.window > 0 && key0 <= a.q_offset + row_hi - a.window);
+}
+// Whether query row `row` sees key `col`.
+MICROLLM_HD inline bool key_visible(const FwdArgs& a, int row, int col) {
+  return col < a.kv_len && (!a.causal || col <= a.q_offset + row) && (a.window == 0 || col > a.q_offset + row - a.window);
 }
 
 // A row's total over the four lanes (threadID_in_group) that hold its columns of a C fragment.
@@ -104,8 +130,9 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
   const int lane = threadIdx.x % 32;
   const int64_t bh = w / a.split_rows;
   const int row = a.split_row0 + static_cast<int>(w % a.split_rows);
-  const int n_tiles = (block_kv_end(a, row / BR * BR, BR) + BC - 1) / BC;
-  const int used = (n_tiles + a.chunk_tiles - 1) / a.chunk_tiles;
+  const TileRange t = block_tiles(a, row / BR * BR, BR, BC);
+  if (t.end - t.first <= a.chunk_tiles) return;  // this block did not split: the kernel wrote its rows
+  const int used = (t.end - t.first + a.chunk_tiles - 1) / a.chunk_tiles;
   const float2* ml = a.part_ml + w * a.n_split;
 
   float mx = -INFINITY;
@@ -140,16 +167,21 @@ inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t 
   const int n_blocks = (a.q_len + rows - 1) / rows;
   int64_t total = 0;
   int longest = 0;
+  auto tiles_of = [&](int block) {
+    const TileRange t = block_tiles(a, block * rows, rows, tile_keys);
+    return t.end - t.first;
+  };
   for (int i = 0; i < n_blocks; ++i) {
-    const int tiles = (block_kv_end(a, i * rows, rows) + tile_keys - 1) / tile_keys;
-    total += tiles;
-    longest = std::max(longest, tiles);
+    total += tiles_of(i);
+    longest = std::max(longest, tiles_of(i));
   }
   const int64_t share = (bh * total + slots - 1) / slots;
   const int chunk = static_cast<int>(std::max<int64_t>(share, (kMinChunkKeys + tile_keys - 1) / tile_keys));
   if (2 * longest <= 3 * share || longest <= chunk) return;
-  int first = 0;  // kv_end never shrinks with the block (causal) or is kv_len for all: splits are a suffix
-  while ((block_kv_end(a, first * rows, rows) + tile_keys - 1) / tile_keys <= chunk) ++first;
+  // The partials cover the rows from the first block that splits. Without a window every later block splits too
+  // (its keys end later); under one a short last block may not, and the combine skips its rows.
+  int first = 0;
+  while (tiles_of(first) <= chunk) ++first;
   a.chunk_tiles = chunk;
   a.n_split = (longest + chunk - 1) / chunk;
   a.split_row0 = first * rows;

@@ -58,16 +58,17 @@ __device__ __forceinline__ uint32_t panel_offset(int r, int ch, int rows) {
   return static_cast<uint32_t>((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
-// Masks keys past the end or the diagonal (on tiles that need it) with -inf. s[4 j + e] is row g + 8 (e / 2), key
-// key0 + 8 j + 2 t4 + e % 2 of this warp's rows from q_row0. S stays unscaled: softmax_tile folds the scale in.
+// Masks keys past the end, the diagonal or the window (on tiles that need it) with -inf. s[4 j + e] is row
+// g + 8 (e / 2), key key0 + 8 j + 2 t4 + e % 2 of this warp's 16 rows from q_row0. S stays unscaled: softmax_tile
+// folds the scale in.
 template <int BC>
 __device__ __forceinline__ void mask_tile(float (&s)[BC / 2], const FwdArgs& a, int key0, int q_row0, int g, int t4) {
-  if (!(key0 + BC > a.kv_len || (a.causal && key0 + BC - 1 > a.q_offset + q_row0))) return;
+  if (!tile_needs_mask(a, key0, BC, q_row0, q_row0 + 15)) return;
 #pragma unroll
   for (int i = 0; i < BC / 2; ++i) {
     const int row = q_row0 + g + ((i >> 1) & 1) * 8;
     const int col = key0 + (i >> 2) * 8 + 2 * t4 + (i & 1);
-    if (col >= a.kv_len || (a.causal && col > a.q_offset + row)) s[i] = -INFINITY;
+    if (!key_visible(a, row, col)) s[i] = -INFINITY;
   }
 }
 

@@ -1,7 +1,7 @@
 // The CUDA attention family (internal header): the resolved problem every path shares, and the host
 // launchers of the four paths that CudaBackend::attention / attention_backward choose between
 // (attention.cu): decode (few query rows, split keys), flash (bf16/f16 tensor cores, D 64/128, no mask)
-// and the reference (everything else, every dtype).
+// and the reference (everything else, every dtype). Every path honours a sliding window.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,7 +20,7 @@ struct Problem {
   double scale;      // params.scale, or 1 / sqrt(D)
   bool causal;
   int64_t q_offset;  // query i sees keys j <= q_offset + i when causal
-  int64_t window;    // and j > q_offset + i - window when window > 0 (sliding window; the reference kernel only)
+  int64_t window;    // and j > q_offset + i - window when window > 0 (sliding window; 0 when it hides no key)
 };
 
 Problem make_problem(const Tensor& q, const Tensor& k, const AttentionParams& params);
