@@ -263,6 +263,14 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
            {"flash window past every row (none)", {rand({1, 130, 4, 64}, -1, 1), rand({1, 130, 2, 64}, -1, 1),
                                                    rand({1, 130, 2, 64}, -1, 1), rand({1, 130, 4, 64}, -1, 1)},
             fwd_bwd(windowed(130, 0))},
+           // Gemma 3's head dim (the mma.sync kernel on any GPU; the backward takes the reference kernel): a local
+           // layer's window and a global layer's split keys.
+           {"flash d256 window 512", {rand({1, 700, 4, 256}, -1, 1), rand({1, 700, 1, 256}, -1, 1),
+                                      rand({1, 700, 1, 256}, -1, 1), rand({1, 700, 4, 256}, -1, 1)},
+            fwd_bwd(windowed(512, 0))},
+           {"flash d256 split keys", {rand({1, 1024, 4, 256}, -1, 1), rand({1, 1024, 1, 256}, -1, 1),
+                                      rand({1, 1024, 1, 256}, -1, 1), rand({1, 1024, 4, 256}, -1, 1)},
+            fwd_bwd(AttentionParams{})},
            {"decode window 50 d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
                                       rand({2, 300, 2, 128}, -1, 1), rand({2, 3, 4, 128}, -1, 1)},
             fwd_bwd(windowed(50, 297))},

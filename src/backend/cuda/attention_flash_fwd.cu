@@ -1,4 +1,4 @@
-// Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64 and 128, on tensor cores.
+// Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64, 128 and 256, on tensor cores.
 // This is the portable kernel (mma.sync, any sm_80+ GPU; what a HIP port keeps) and the one the Hopper kernel
 // (attention_flash_fwd_sm90.cu, wgmma) is tested against; flash_forward runs the Hopper one on an H100/H200.
 // Shared by both: the arguments, the split-keys plan, the combine kernel (attention_flash_fwd.cuh).
@@ -25,9 +25,10 @@
 // unnormalized f32 sums and (max, sum); flash_combine_kernel, a warp per row, merges them as the decode path's
 // combine does. Blocks no longer than a chunk write their output directly.
 //
-// Tiles: BC = 64 keys for both head dims; launch bounds (256, 2), i.e. two CTAs (16 warps) an SM at <= 128
-// registers (D 64: 127; D 128: 128 and a 48-byte stack frame). Shared memory: Q [BR][D], K [2][BC][D],
-// V [2][BC][D] (bf16/f16, 16-byte chunks XOR-swizzled): 48 KiB (D 64) and 96 KiB (D 128).
+// Tiles: BC = 64 keys for every head dim; launch bounds (256, 2) at D 64 and 128, i.e. two CTAs (16 warps) an SM
+// at <= 128 registers (D 128 spills 78 bytes), (256, 1) at D 256 (Gemma 3: 128 O accumulators a thread; 255
+// registers, 118 bytes spilled). Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks
+// XOR-swizzled): 48 KiB (D 64), 96 KiB (D 128), 192 KiB (D 256).
 #include <algorithm>
 #include <cmath>
 
@@ -41,10 +42,6 @@ namespace {
 using namespace attn;
 using namespace flash_fwd;
 
-// CTAs an SM holds: the launch bounds make the compiler fit the registers, and both tiles' shared memory
-// (48 / 96 KiB) fits twice; the split plan counts its slots with it.
-constexpr int kCtasPerSm = 2;
-
 template <int D, int BC, int NW, int MT>
 struct FwdTile {
   static constexpr int kThreads = NW * 32;
@@ -52,12 +49,17 @@ struct FwdTile {
   static constexpr int kRows = NW * kWarpRows;  // BR
   static constexpr int kChunks = D / 8;         // 16-byte chunks per row
   static constexpr int kSmemBytes = (kRows * D + 4 * BC * D) * 2;
+  // CTAs an SM holds: the launch bounds make the compiler fit the registers, and the tiles' shared memory
+  // (48 / 96 KiB at D 64 / 128) fits twice; at D 256 (192 KiB, 128 O accumulators a thread) once. The split plan
+  // counts its slots with it.
+  static constexpr int kCtasPerSm = D <= 128 ? 2 : 1;
   static_assert(kCtasPerSm * kSmemBytes <= 227 * 1024, "kCtasPerSm tiles fit an sm_90 SM's shared memory");
   static_assert(D % 64 == 0 && BC % 16 == 0, "rows of >= 8 chunks for the swizzle; n tiles in pairs");
 };
 
 template <typename T, int D, int BC, int NW, int MT>
-__global__ void __launch_bounds__(NW * 32, kCtasPerSm) flash_forward_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(NW * 32, (FwdTile<D, BC, NW, MT>::kCtasPerSm))
+    flash_forward_kernel(const FwdArgs a) {
   wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
   using Tile = FwdTile<D, BC, NW, MT>;
   constexpr int BR = Tile::kRows, CH = Tile::kChunks, THREADS = Tile::kThreads;
@@ -263,7 +265,8 @@ void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) 
   using Tile = FwdTile<D, BC, NW, MT>;
   constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
-  launch_split<T, D, Tile::kRows, BC>(kernel, Tile::kThreads, Tile::kSmemBytes, kCtasPerSm, a, batch, stream, device);
+  launch_split<T, D, Tile::kRows, BC>(kernel, Tile::kThreads, Tile::kSmemBytes, Tile::kCtasPerSm, a, batch, stream,
+                                      device);
 }
 
 
@@ -272,9 +275,14 @@ void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) 
 bool flash_supported(const Problem& p, DType dtype, bool has_mask) {
   // int positions inside the kernels; grid.y is the query blocks (forward) or key blocks (backward).
   constexpr int64_t kMaxLen = int64_t{1} << 30;
-  return (dtype == DType::bf16 || dtype == DType::f16) && !has_mask && (p.head_dim == 64 || p.head_dim == 128) &&
+  return (dtype == DType::bf16 || dtype == DType::f16) && !has_mask &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
          p.q_len > 0 && p.kv_len > 0 && p.q_len < kMaxLen && p.kv_len < kMaxLen && p.q_len / 128 < 65535 && p.kv_len / 64 < 65535 &&
          p.batch * p.q_heads < (int64_t{1} << 31);
+}
+
+bool flash_backward_supported(const Problem& p, DType dtype, bool has_mask) {
+  return flash_supported(p, dtype, has_mask) && p.head_dim <= 128;
 }
 
 void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out,
@@ -299,7 +307,8 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.window = static_cast<int>(p.window);  // < q_offset + T <= S (make_problem): an int
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const bool bf16 = q.dtype() == DType::bf16;
-  if (a.scale_log2 > 0 && flash_forward_uses_wgmma(device)) {  // it folds the scale into the max
+  // The Hopper kernel takes D 64 and 128 (it folds the scale into the max).
+  if (a.scale_log2 > 0 && p.head_dim <= 128 && flash_forward_uses_wgmma(device)) {
     flash_fwd::launch_sm90(a, p.batch, static_cast<int>(p.head_dim), bf16, stream, device);
     return;
   }
@@ -307,9 +316,12 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   if (p.head_dim == 64) {
     if (bf16) launch_forward<__nv_bfloat16, 64, 64, 8, 1>(a, p.batch, stream, device);
     else launch_forward<__half, 64, 64, 8, 1>(a, p.batch, stream, device);
-  } else {
+  } else if (p.head_dim == 128) {
     if (bf16) launch_forward<__nv_bfloat16, 128, 64, 8, 1>(a, p.batch, stream, device);
     else launch_forward<__half, 128, 64, 8, 1>(a, p.batch, stream, device);
+  } else {
+    if (bf16) launch_forward<__nv_bfloat16, 256, 64, 8, 1>(a, p.batch, stream, device);
+    else launch_forward<__half, 256, 64, 8, 1>(a, p.batch, stream, device);
   }
 }
 

@@ -1,6 +1,6 @@
 // The CUDA attention family (internal header): the resolved problem every path shares, and the host
 // launchers of the four paths that CudaBackend::attention / attention_backward choose between
-// (attention.cu): decode (few query rows, split keys), flash (bf16/f16 tensor cores, D 64/128, no mask)
+// (attention.cu): decode (few query rows, split keys), flash (bf16/f16 tensor cores, no mask)
 // and the reference (everything else, every dtype). Every path honours a sliding window.
 #pragma once
 
@@ -32,8 +32,10 @@ void reference_backward(const Problem& p, const Tensor& q, const Tensor& k, cons
                         const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                         const Tensor& grad_v, cudaStream_t stream);
 
-// ---- flash (attention_flash_fwd.cu, attention_flash_bwd.cu): bf16/f16, D 64 or 128, no mask ----
+// ---- flash (attention_flash_fwd.cu, attention_flash_bwd.cu): bf16/f16, no mask; forward D 64, 128 or 256,
+// backward D 64 or 128 ----
 bool flash_supported(const Problem& p, DType dtype, bool has_mask);
+bool flash_backward_supported(const Problem& p, DType dtype, bool has_mask);
 void flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                    const Tensor& lse, cudaStream_t stream, int device);
 // Whether flash_forward on `device` runs the Hopper kernel (wgmma, attention_flash_fwd_sm90.cu) rather than the
