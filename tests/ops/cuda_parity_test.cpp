@@ -263,13 +263,21 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
            {"flash window past every row (none)", {rand({1, 130, 4, 64}, -1, 1), rand({1, 130, 2, 64}, -1, 1),
                                                    rand({1, 130, 2, 64}, -1, 1), rand({1, 130, 4, 64}, -1, 1)},
             fwd_bwd(windowed(130, 0))},
-           // Gemma 3's head dim (the mma.sync kernel on any GPU; the backward takes the reference kernel): a local
+           // Gemma 3's head dim (the forward on the mma.sync kernel on any GPU, the backward one CTA an SM): a local
            // layer's window and a global layer's split keys.
            {"flash d256 window 512", {rand({1, 700, 4, 256}, -1, 1), rand({1, 700, 1, 256}, -1, 1),
                                       rand({1, 700, 1, 256}, -1, 1), rand({1, 700, 4, 256}, -1, 1)},
             fwd_bwd(windowed(512, 0))},
            {"flash d256 split keys", {rand({1, 1024, 4, 256}, -1, 1), rand({1, 1024, 1, 256}, -1, 1),
                                       rand({1, 1024, 1, 256}, -1, 1), rand({1, 1024, 4, 256}, -1, 1)},
+            fwd_bwd(AttentionParams{})},
+           // Phi-3's head dim: the forward on tiles of 128 (the columns past 96 zero in shared memory, never stored),
+           // the backward on the reference kernel.
+           {"flash d96 window 64", {rand({2, 200, 4, 96}, -1, 1), rand({2, 200, 4, 96}, -1, 1),
+                                    rand({2, 200, 4, 96}, -1, 1), rand({2, 200, 4, 96}, -1, 1)},
+            fwd_bwd(windowed(64, 0))},
+           {"flash d96 split keys", {rand({1, 1024, 2, 96}, -1, 1), rand({1, 1024, 2, 96}, -1, 1),
+                                     rand({1, 1024, 2, 96}, -1, 1), rand({1, 1024, 2, 96}, -1, 1)},
             fwd_bwd(AttentionParams{})},
            {"decode window 50 d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
                                       rand({2, 300, 2, 128}, -1, 1), rand({2, 3, 4, 128}, -1, 1)},

@@ -1,9 +1,9 @@
 // CUDA attention: the dispatcher. Each call takes the first path that supports it:
 //   forward:  decode (T <= 4: split keys, attention_decode.cu)
-//          -> flash (bf16/f16, D 64/128/256, no mask: tensor cores; wgmma on an H100/H200 at D 64/128,
+//          -> flash (bf16/f16, D 64/96/128/256, no mask: tensor cores; wgmma on an H100/H200 at D 64/128,
 //             attention_flash_fwd_sm90.cu, else mma.sync, attention_flash_fwd.cu)
 //          -> reference (any dtype, D, mask, layout: attention_reference.cu)
-//   backward: flash (the same conditions at D 64/128, attention_flash_bwd.cu) -> reference.
+//   backward: flash (the same conditions but D 96, attention_flash_bwd.cu) -> reference.
 // Each path takes a sliding window (keys j > q_offset + i - window): the flash kernels skip the tiles before it.
 // The fast paths read q, k, v (and dO) with 16-byte loads: vector_ready() hands them a contiguous copy
 // when a view has no unit stride along D. MICROLLM_DISABLE=fast-attention in the environment forces the

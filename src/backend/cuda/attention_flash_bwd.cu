@@ -1,4 +1,4 @@
-// Flash attention backward (FlashAttention-2 algorithm) for bf16/f16, head dim 64 and 128.
+// Flash attention backward (FlashAttention-2 algorithm) for bf16/f16, head dim 64, 128 and 256.
 //
 // 1. prep kernel: delta_i = rowsum(dO_i * O_i) in f32 (one warp per row; the CPU's rowsum(P * dP) is the
 //    same in exact arithmetic) and zeroes the f32 dQ accumulator row.
@@ -24,7 +24,7 @@
 //    one split the main kernel writes dK/dV directly.
 //
 // Shared memory (elements of 2 bytes): K, V [64][D]; Q, dO [2][64][D]; P, dS [64][64]:
-// D 64: 56 KiB, D 128: 112 KiB (two CTAs per SM).
+// D 64: 56 KiB, D 128: 112 KiB (two CTAs per SM), D 256: 208 KiB (one).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -69,8 +69,15 @@ struct BwdArgs {
   float scale, scale_log2;
 };
 
+// CTAs an SM: two at D 64 and 128 (56 / 112 KiB of shared memory, <= 128 registers), one at D 256 (208 KiB; dK,
+// dV and dQ's accumulators alone are 192 registers a thread).
+template <int D>
+constexpr int bwd_ctas_per_sm() {
+  return D <= 128 ? 2 : 1;
+}
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreadsBwd, 2) flash_backward_kernel(const BwdArgs a) {
+__global__ void __launch_bounds__(kThreadsBwd, bwd_ctas_per_sm<D>()) flash_backward_kernel(const BwdArgs a) {
   constexpr int CH = D / 8;       // chunks per row of K, V, Q, dO
   constexpr int DH = D / 2;       // dims per warp in the [64 x D] products
   constexpr int NDT = DH / 8;     // n tiles of 8 dims per warp
@@ -385,7 +392,8 @@ void launch_backward(const Problem& p, const Tensor& q, const Tensor& k, const T
     MICROLLM_CUDA_CHECK_LAUNCH();
   }
 
-  const int n_split = choose_split(p.batch * p.kv_heads * n_kb, p.group, 2 * multiprocessor_count(device));
+  const int n_split =
+      choose_split(p.batch * p.kv_heads * n_kb, p.group, bwd_ctas_per_sm<D>() * multiprocessor_count(device));
   const int64_t kv_elems = p.batch * p.kv_heads * p.kv_len * D;
   Tensor part_k, part_v;
   BwdArgs a{};
@@ -461,9 +469,12 @@ void flash_backward(const Problem& p, const Tensor& q_in, const Tensor& k_in, co
   if (p.head_dim == 64) {
     if (bf16) launch_backward<__nv_bfloat16, 64>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
     else launch_backward<__half, 64>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
-  } else {
+  } else if (p.head_dim == 128) {
     if (bf16) launch_backward<__nv_bfloat16, 128>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
     else launch_backward<__half, 128>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
+  } else {
+    if (bf16) launch_backward<__nv_bfloat16, 256>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
+    else launch_backward<__half, 256>(p, q, k, v, out, lse, dout, grad_q, grad_k, grad_v, stream, device);
   }
 }
 

@@ -1,4 +1,4 @@
-// Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64, 128 and 256, on tensor cores.
+// Flash attention forward (FlashAttention-2) for bf16/f16, head dim 64, 96 (as 128), 128 and 256, on tensor cores.
 // This is the portable kernel (mma.sync, any sm_80+ GPU; what a HIP port keeps) and the one the Hopper kernel
 // (attention_flash_fwd_sm90.cu, wgmma) is tested against; flash_forward runs the Hopper one on an H100/H200.
 // Shared by both: the arguments, the split-keys plan, the combine kernel (attention_flash_fwd.cuh).
@@ -28,7 +28,7 @@
 // Tiles: BC = 64 keys for every head dim; launch bounds (256, 2) at D 64 and 128, i.e. two CTAs (16 warps) an SM
 // at <= 128 registers (D 128 spills 78 bytes), (256, 1) at D 256 (Gemma 3: 128 O accumulators a thread; 255
 // registers, 118 bytes spilled). Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks
-// XOR-swizzled): 48 KiB (D 64), 96 KiB (D 128), 192 KiB (D 256).
+// XOR-swizzled): 48 KiB (D 64), 96 KiB (D 128), 192 KiB (D 256). D 96 (Phi-3) runs on the tiles of D 128.
 #include <algorithm>
 #include <cmath>
 
@@ -57,7 +57,9 @@ struct FwdTile {
   static_assert(D % 64 == 0 && BC % 16 == 0, "rows of >= 8 chunks for the swizzle; n tiles in pairs");
 };
 
-template <typename T, int D, int BC, int NW, int MT>
+// D is the tile's head dim, DV <= D the tensors' (Phi-3's 96 on tiles of 128: Q, K and V zero-filled past DV, so S
+// is exact and O's extra columns are 0, never stored).
+template <typename T, int D, int BC, int NW, int MT, int DV>
 __global__ void __launch_bounds__(NW * 32, (FwdTile<D, BC, NW, MT>::kCtasPerSm))
     flash_forward_kernel(const FwdArgs a) {
   wait_for_prior_grids();  // launched chained in a captured prefill: q, k, v come from the kernel before
@@ -90,9 +92,9 @@ __global__ void __launch_bounds__(NW * 32, (FwdTile<D, BC, NW, MT>::kCtasPerSm))
   const uint32_t k_lane = swizzle(nk_lane_row(lane), nk_lane_chunk(lane), CH) * 16;
   const uint32_t v_lane = swizzle(kn_lane_row(lane), kn_lane_chunk(lane), CH) * 16;
 
-  copy_rows_swizzled<BR, D, THREADS>(sQ, qg, a.q_stride[2], q0, a.q_len);
-  copy_rows_swizzled<BC, D, THREADS>(sK, kg, a.k_stride[2], tile_begin * BC, a.kv_len);
-  copy_rows_swizzled<BC, D, THREADS>(sV, vg, a.v_stride[2], tile_begin * BC, a.kv_len);
+  copy_rows_swizzled<BR, D, THREADS, DV>(sQ, qg, a.q_stride[2], q0, a.q_len);
+  copy_rows_swizzled<BC, D, THREADS, DV>(sK, kg, a.k_stride[2], tile_begin * BC, a.kv_len);
+  copy_rows_swizzled<BC, D, THREADS, DV>(sV, vg, a.v_stride[2], tile_begin * BC, a.kv_len);
   cp_async_commit();
 
   float o[MT][D / 8][4];                    // O accumulators, C layout: [m tile][d tile of 8][c0..c3]
@@ -110,8 +112,8 @@ __global__ void __launch_bounds__(NW * 32, (FwdTile<D, BC, NW, MT>::kCtasPerSm))
     // Prefetch tile jt + 1 into the other stage (freed by the barrier that ended iteration jt - 1).
     if (jt + 1 < tile_end) {
       const int stage = stage_now ^ 1;
-      copy_rows_swizzled<BC, D, THREADS>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
-      copy_rows_swizzled<BC, D, THREADS>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
+      copy_rows_swizzled<BC, D, THREADS, DV>(sK + stage * BC * D, kg, a.k_stride[2], (jt + 1) * BC, a.kv_len);
+      copy_rows_swizzled<BC, D, THREADS, DV>(sV + stage * BC * D, vg, a.v_stride[2], (jt + 1) * BC, a.kv_len);
     }
     cp_async_commit();  // possibly empty: keeps "all but the newest group" = tile jt
     cp_async_wait<1>();
@@ -253,19 +255,19 @@ __global__ void __launch_bounds__(NW * 32, (FwdTile<D, BC, NW, MT>::kCtasPerSm))
   for (int n = 0; n < Tile::kWarpRows * CH / 32; ++n) {
     const int c = n * 32 + lane;
     const int r = warp_row0 + c / CH, ch = c % CH;
-    if (q0 + r < a.q_len) {
+    if (q0 + r < a.q_len && ch < DV / 8) {
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(q0 + r) * a.out_stride[2] + ch * 8) =
           *reinterpret_cast<const uint4*>(sQ + swizzle(r, ch, CH) * 8);
     }
   }
 }
 
-template <typename T, int D, int BC, int NW, int MT>
+template <typename T, int D, int BC, int NW, int MT, int DV = D>
 void launch_forward(FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
   using Tile = FwdTile<D, BC, NW, MT>;
-  constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT>;
+  constexpr auto kernel = flash_forward_kernel<T, D, BC, NW, MT, DV>;
   raise_smem_limit<kernel>(Tile::kSmemBytes, device);
-  launch_split<T, D, Tile::kRows, BC>(kernel, Tile::kThreads, Tile::kSmemBytes, Tile::kCtasPerSm, a, batch, stream,
+  launch_split<T, D, Tile::kRows, BC, DV>(kernel, Tile::kThreads, Tile::kSmemBytes, Tile::kCtasPerSm, a, batch, stream,
                                       device);
 }
 
@@ -276,13 +278,13 @@ bool flash_supported(const Problem& p, DType dtype, bool has_mask) {
   // int positions inside the kernels; grid.y is the query blocks (forward) or key blocks (backward).
   constexpr int64_t kMaxLen = int64_t{1} << 30;
   return (dtype == DType::bf16 || dtype == DType::f16) && !has_mask &&
-         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) &&
+         (p.head_dim == 64 || p.head_dim == 96 || p.head_dim == 128 || p.head_dim == 256) &&
          p.q_len > 0 && p.kv_len > 0 && p.q_len < kMaxLen && p.kv_len < kMaxLen && p.q_len / 128 < 65535 && p.kv_len / 64 < 65535 &&
          p.batch * p.q_heads < (int64_t{1} << 31);
 }
 
 bool flash_backward_supported(const Problem& p, DType dtype, bool has_mask) {
-  return flash_supported(p, dtype, has_mask) && p.head_dim <= 128;
+  return flash_supported(p, dtype, has_mask) && p.head_dim != 96;
 }
 
 void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out,
@@ -307,8 +309,8 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   a.window = static_cast<int>(p.window);  // < q_offset + T <= S (make_problem): an int
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const bool bf16 = q.dtype() == DType::bf16;
-  // The Hopper kernel takes D 64 and 128 (it folds the scale into the max).
-  if (a.scale_log2 > 0 && p.head_dim <= 128 && flash_forward_uses_wgmma(device)) {
+  // The Hopper kernel takes D 64 and 128 (it folds the scale into the max); the others run here.
+  if (a.scale_log2 > 0 && (p.head_dim == 64 || p.head_dim == 128) && flash_forward_uses_wgmma(device)) {
     flash_fwd::launch_sm90(a, p.batch, static_cast<int>(p.head_dim), bf16, stream, device);
     return;
   }
@@ -316,6 +318,9 @@ void flash_forward(const Problem& p, const Tensor& q_in, const Tensor& k_in, con
   if (p.head_dim == 64) {
     if (bf16) launch_forward<__nv_bfloat16, 64, 64, 8, 1>(a, p.batch, stream, device);
     else launch_forward<__half, 64, 64, 8, 1>(a, p.batch, stream, device);
+  } else if (p.head_dim == 96) {  // on tiles of 128
+    if (bf16) launch_forward<__nv_bfloat16, 128, 64, 8, 1, 96>(a, p.batch, stream, device);
+    else launch_forward<__half, 128, 64, 8, 1, 96>(a, p.batch, stream, device);
   } else if (p.head_dim == 128) {
     if (bf16) launch_forward<__nv_bfloat16, 128, 64, 8, 1>(a, p.batch, stream, device);
     else launch_forward<__half, 128, 64, 8, 1>(a, p.batch, stream, device);

@@ -118,10 +118,11 @@ __device__ __forceinline__ T* out_row(const FwdArgs& a, int64_t b, int64_t h, in
   return static_cast<T*>(a.out) + b * a.out_stride[0] + h * a.out_stride[1] + row * a.out_stride[2];
 }
 
-// Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]):
+// Merges the splits of one row per warp (rows of the blocks that split, [B * Hq][split_rows]; partial rows of D
+// columns, the first DV of them the output's):
 // out = sum_s w_s o_s / sum_s w_s l_s with w_s = e^(m_s - max m), lse = max m + log(sum); splits that saw
 // no key (l = 0) weigh nothing, and a row that saw none gets 0 and -inf, as the unsplit kernel writes.
-template <typename T, int D, int BR, int BC>
+template <typename T, int D, int BR, int BC, int DV = D>
 __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int64_t rows) {
   wait_for_prior_grids();  // the partials come from the kernel before (chained in a captured prefill)
   constexpr int E = D / 32;  // elements per lane
@@ -152,8 +153,11 @@ __global__ void __launch_bounds__(256) flash_combine_kernel(const FwdArgs a, int
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   T* out = out_row<T>(a, bh / a.q_heads, bh % a.q_heads, row) + lane * E;
+  static_assert(DV % E == 0, "whole lanes of output");
+  if (lane * E < DV) {
 #pragma unroll
-  for (int e = 0; e < E; e += 2) *reinterpret_cast<uint32_t*>(out + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
+    for (int e = 0; e < E; e += 2) *reinterpret_cast<uint32_t*>(out + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
+  }
   if (lane == 0) a.lse[bh * a.q_len + row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
 
@@ -191,7 +195,7 @@ inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t 
 // Launches the forward (a CTA per batch x query head x block of ROWS query rows, grid.z the splits) under the
 // split plan for `ctas_per_sm` resident CTAs an SM, then merges the rows of the blocks that split.
 // launch_main(grid) launches the kernel itself (its parameters are the kernel's own; `a` as planned here).
-template <typename T, int D, int ROWS, int BC, typename LaunchMain>
+template <typename T, int D, int ROWS, int BC, int DV = D, typename LaunchMain>
 void launch_split(LaunchMain launch_main, int ctas_per_sm, FwdArgs& a, int64_t batch, cudaStream_t stream, int device) {
   const int64_t bh = batch * a.q_heads;
   split_plan(a, bh, ROWS, BC, int64_t{multiprocessor_count(device)} * ctas_per_sm);
@@ -208,17 +212,18 @@ void launch_split(LaunchMain launch_main, int ctas_per_sm, FwdArgs& a, int64_t b
                    static_cast<unsigned>(a.chunk_tiles > 0 ? a.n_split : 1)));
   if (a.chunk_tiles > 0) {
     const int64_t rows = bh * a.split_rows;
-    launch_chained(flash_combine_kernel<T, D, ROWS, BC>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream,
+    launch_chained(flash_combine_kernel<T, D, ROWS, BC, DV>, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream,
                    device, a, rows);
   }
 }
 // The same for a kernel whose only parameter is FwdArgs, launched chained (common.cuh): in a captured prefill
 // each starts while the kernel before it finishes.
-template <typename T, int D, int ROWS, int BC>
+template <typename T, int D, int ROWS, int BC, int DV = D>
 void launch_split(void (*kernel)(FwdArgs), int threads, int smem_bytes, int ctas_per_sm, FwdArgs& a, int64_t batch,
                   cudaStream_t stream, int device) {
-  launch_split<T, D, ROWS, BC>([&](dim3 grid) { launch_chained(kernel, grid, threads, smem_bytes, stream, device, a); },
-                               ctas_per_sm, a, batch, stream, device);
+  launch_split<T, D, ROWS, BC, DV>(
+      [&](dim3 grid) { launch_chained(kernel, grid, threads, smem_bytes, stream, device, a); }, ctas_per_sm, a, batch,
+      stream, device);
 }
 
 // The Hopper kernel's launch (attention_flash_fwd_sm90.cu; D 64 or 128), where flash_forward_uses_wgmma says it

@@ -32,8 +32,8 @@ void reference_backward(const Problem& p, const Tensor& q, const Tensor& k, cons
                         const Tensor& lse, const Tensor& grad_out, const Tensor& grad_q, const Tensor& grad_k,
                         const Tensor& grad_v, cudaStream_t stream);
 
-// ---- flash (attention_flash_fwd.cu, attention_flash_bwd.cu): bf16/f16, no mask; forward D 64, 128 or 256,
-// backward D 64 or 128 ----
+// ---- flash (attention_flash_fwd.cu, attention_flash_bwd.cu): bf16/f16, no mask; D 64, 128 or 256, and 96
+// forward only ----
 bool flash_supported(const Problem& p, DType dtype, bool has_mask);
 bool flash_backward_supported(const Problem& p, DType dtype, bool has_mask);
 void flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -78,25 +78,27 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ROWS x D tile: rows row0.. of `src` (row stride `stride`) -> shared memory, 16-byte chunk ch of tile row r at
 // byte dst + offset(r, ch) (the kernel's swizzled layout), one cp.async a chunk by THREADS threads; rows >= limit
-// are zero-filled, so padding never feeds NaN garbage into the MMA (0 * NaN would poison P V).
-template <int ROWS, int D, int THREADS, typename T, typename Offset>
+// are zero-filled, so padding never feeds NaN garbage into the MMA (0 * NaN would poison P V). A source row holds
+// DATA <= D columns: the columns past them are zero-filled too (a head dim padded to the tile's).
+template <int ROWS, int D, int THREADS, int DATA = D, typename T, typename Offset>
 __device__ __forceinline__ void copy_rows_async(uint32_t dst, const T* src, int64_t stride, int row0, int limit,
                                                 Offset offset) {
   constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
   static_assert(kTotal % THREADS == 0, "whole chunks per thread");
+  static_assert(DATA % 8 == 0 && DATA <= D, "whole chunks of data");
 #pragma unroll
   for (int n = 0; n < kTotal / THREADS; ++n) {
     const int c = n * THREADS + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, ch = c % kChunks;
-    const bool valid = row0 + r < limit;
+    const bool valid = row0 + r < limit && ch < DATA / 8;
     const T* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + ch * 8 : src;
     cp_async_16(dst + offset(r, ch), from, valid);
   }
 }
 // The row-major swizzled layout above: chunk ch of row r at byte swizzle(r, ch, D / 8) * 16.
-template <int ROWS, int D, int THREADS, typename T>
+template <int ROWS, int D, int THREADS, int DATA = D, typename T>
 __device__ __forceinline__ void copy_rows_swizzled(T* smem, const T* src, int64_t stride, int row0, int limit) {
-  copy_rows_async<ROWS, D, THREADS>(smem_u32(smem), src, stride, row0, limit, [](int r, int ch) {
+  copy_rows_async<ROWS, D, THREADS, DATA>(smem_u32(smem), src, stride, row0, limit, [](int r, int ch) {
     return static_cast<uint32_t>(swizzle(r, ch, D / 8)) * 16u;
   });
 }
