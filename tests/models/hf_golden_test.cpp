@@ -29,9 +29,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kCases = {"qwen2",         "qwen3",          "llama3",       "llama_linear",
-                                         "mistral",       "mistral_window", "qwen2_window", "phi3",
-                                         "phi3_longrope", "qwen2_yarn",     "gemma3"};
+const std::vector<std::string> kCases = {"qwen2",        "qwen3",         "llama3",         "llama_linear",
+                                         "llama_dynamic", "mistral",      "mistral_window", "qwen2_window",
+                                         "phi3",          "phi3_longrope", "qwen2_yarn",    "gemma3"};
 
 // The model_type each case's config.json names.
 std::string model_type_of(const std::string& name) {

@@ -15,6 +15,8 @@ biases N(0, 0.1^2), so nothing keeps its trivial initial value), eager attention
   llama3        LlamaForCausalLM    rope_type llama3 (factor 8, original_max_position_embeddings 64, so the
                                     head's frequencies fall in all three bands), untied head
   llama_linear  LlamaForCausalLM    rope_type linear (factor 4), tied embeddings
+  llama_dynamic LlamaForCausalLM    rope_type dynamic (factor 2): every position within max_position_embeddings
+                                    (256), where transformers keeps the default frequencies
   mistral       MistralForCausalLM  sliding_window null, untied head
   mistral_window  MistralForCausalLM  sliding_window 5 on every layer (shorter than the 17 tokens), untied head
   qwen2_window  Qwen2ForCausalLM    use_sliding_window, sliding_window 6, max_window_layers 1 (layer 1 slides)
@@ -87,6 +89,9 @@ CASES = {
     "llama_linear": ("LlamaConfig", "LlamaForCausalLM",
                      dict(COMMON, tie_word_embeddings=True, attention_bias=False, mlp_bias=False),
                      dict(rope_type="linear", rope_theta=10000.0, factor=4.0), 5004),
+    "llama_dynamic": ("LlamaConfig", "LlamaForCausalLM",
+                      dict(COMMON, tie_word_embeddings=True, attention_bias=False, mlp_bias=False),
+                      dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0), 5012),
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(COMMON, tie_word_embeddings=False, sliding_window=None),
                 dict(rope_type="default", rope_theta=1000000.0), 5005),
