@@ -81,7 +81,17 @@ def count_parameters(config):
 
 
 def build_model(config, seed, device):
-    """transformers' random initialization, float32, on `device` (built there directly when it can be)."""
+    """transformers' random initialization, float32, on `device` (built there directly when it can be).
+
+    Built in float32, not in the config's dtype and then widened: a buffer made at construction keeps the rounding
+    of the dtype it was made in (Gemma 3's embedding scale sqrt(hidden_size) would stay rounded to bfloat16, as
+    transformers has it when it loads a checkpoint in bfloat16, not in float32)."""
+    for attr in ("dtype", "torch_dtype"):
+        if hasattr(config, attr):
+            try:
+                setattr(config, attr, torch.float32)
+            except (AttributeError, TypeError, ValueError):
+                pass
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
