@@ -67,11 +67,13 @@ size_t plan_staged(DecodePlan& p, const DecodeShape& s, int R, int sms) {
 // through many tokens or a long context's splits; one query head per CTA when tokens x kv heads is small and the
 // context fits one such CTA's chunk (a batch-1 decode step: 2 CTAs of 8 rows on 132 SMs otherwise), so each CTA does
 // an eighth of the score and P.V work and the group's heads run side by side (their shared K/V rows come from L2).
-// Past that chunk (D 256 past 128 keys) the splits would cost a combine: the group's rows stay together instead,
-// where a token's cluster takes the keys in slices.
+// Past that chunk (D 256 past 128 keys) the splits would cost a combine: for the tokens a cluster kernel takes
+// (kMaxProjectedTokens), the group's rows stay together instead, where a token's cluster takes the keys in slices;
+// more tokens keep one head a CTA up to kMaxChunk keys (Gemma 3 at batch 8: 4x the CTAs of whole groups).
 bool one_head_per_cta(const DecodeShape& s, int sms) {
   const int64_t grouped_ctas = s.tokens * s.kv_heads * ceil_div(group_of(s), kRowsPerCta);
-  return group_of(s) > 1 && grouped_ctas < sms && s.keys() <= chunk_cap(s, 1);
+  const int64_t keys_limit = s.tokens <= kMaxProjectedTokens ? chunk_cap(s, 1) : int64_t{kMaxChunk};
+  return group_of(s) > 1 && grouped_ctas < sms && s.keys() <= keys_limit;
 }
 
 // The o projection's share of a token's work in a cluster kernel of cluster_ctas CTAs: `replicas` clusters a token

@@ -113,6 +113,12 @@ TEST(PagedDecodePlan, GemmaHeadsKeepTheProjectionPastOneChunk) {
   // paged_attention alone: one row a CTA within the chunk, the group's rows together past it.
   EXPECT_EQ(plan_attention(shape(1, 128), kH100).rows_per_cta, 1);
   EXPECT_EQ(plan_attention(shape(1, 256), kH100).rows_per_cta, kRowsPerCta);
+  // Past the tokens a cluster takes, one row a CTA up to kMaxChunk keys: at batch 8, 32 CTAs of one head before
+  // the splits, where whole groups would be 8.
+  p = plan_attention(shape(8, 256), kH100);
+  EXPECT_EQ(p.rows_per_cta, 1) << p.describe();
+  EXPECT_EQ(p.grid_x, 8 * 4) << p.describe();
+  EXPECT_EQ(plan_attention(shape(8, 512), kH100).rows_per_cta, kRowsPerCta);
 }
 
 TEST(PagedDecodePlan, RowsPastTheProjectionBudgetsKeepTheOGemv) {
