@@ -5,7 +5,7 @@
 #   speed    decode speed, bf16, tg128 at B1 and B8 (microllm bench -r 3, same call), each new family beside a
 #            Llama config of the same shapes and bytes (the family's own layer against the plain one) and beside
 #            Qwen2.5-0.5B and SmolLM2-135M
-#   explain  `bench --explain` of Gemma 3 270M at a 2,048-token context (its sliding layers' kernels)
+#   explain  `bench --explain` of Gemma 3 270M at B1 and B8 and a 2,048-token context (its sliding layers' kernels)
 # Results in $OUT/families.md; logs in $OUT/logs/.
 #   device run, carry [".device"]: bash tools/gpu/families.sh
 set -uo pipefail
@@ -57,8 +57,8 @@ parts=${FAMILIES_PARTS:-parity speed explain}
   fi
   if [[ $parts == *explain* ]]; then
     echo
-    echo "## bench --explain, gemma-3-270m, tg128 and a 2,048-token prompt then 32 tokens"
+    echo "## bench --explain, gemma-3-270m, tg32 at B1 and B8, and a 2,048-token prompt then 32 tokens"
     timeout 120 "$bin/microllm" bench --config tests/fixtures/configs/gemma-3-270m.json --device cuda --dtype bf16 \
-      -p 0 -n 32 -b 1 -r 1 --workload 2048:1:32 --explain 2>&1 | sed -n '/^| model/,$p'
+      -p 0 -n 32 -b 1,8 -r 1 --workload 2048:1:32 --explain 2>&1 | sed -n '/^| model/,$p'
   fi
 } | tee "$OUT/families.md"
