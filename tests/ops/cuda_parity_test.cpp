@@ -230,62 +230,41 @@ TEST_P(CudaParityTest, AttentionEdgeCases) {
     p.q_offset = q_offset;
     return p;
   };
+  // Queries of t rows and keys of s, q and grad_out [batch, t, q_heads, d], k and v [batch, s, kv_heads, d].
+  auto heads = [&](std::string name, int64_t batch, int64_t t, int64_t s, int64_t q_heads, int64_t kv_heads,
+                   int64_t d, const AttentionParams& p, const Tensor& m = Tensor()) {
+    Tensors in{rand({batch, t, q_heads, d}, -1, 1), rand({batch, s, kv_heads, d}, -1, 1),
+               rand({batch, s, kv_heads, d}, -1, 1), rand({batch, t, q_heads, d}, -1, 1)};
+    if (m.defined()) in.push_back(m);
+    return ParityCase{std::move(name), std::move(in), fwd_bwd(p)};
+  };
+  AttentionParams short_decode;
+  short_decode.q_offset = 49;
   for (const ParityCase& c : std::vector<ParityCase>{
-           {"flash q_offset", {rand({2, 40, 14, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1), rand({2, 130, 2, 64}, -1, 1),
-                               rand({2, 40, 14, 64}, -1, 1)}, fwd_bwd(chunked)},
-           {"flash non-causal", {rand({1, 77, 12, 128}, -1, 1), rand({1, 77, 2, 128}, -1, 1), rand({1, 77, 2, 128}, -1, 1),
-                                 rand({1, 77, 12, 128}, -1, 1)}, fwd_bwd(full)},
-           {"flash one split", {rand({8, 1200, 4, 64}, -1, 1), rand({8, 1200, 2, 64}, -1, 1), rand({8, 1200, 2, 64}, -1, 1),
-                                rand({8, 1200, 4, 64}, -1, 1)}, fwd_bwd(AttentionParams{})},
+           heads("flash q_offset", 2, 40, 130, 14, 2, 64, chunked),
+           heads("flash non-causal", 1, 77, 77, 12, 2, 128, full),
+           heads("flash one split", 8, 1200, 1200, 4, 2, 64, AttentionParams{}),
            // Too few query blocks to fill the GPU: the forward splits their keys over several CTAs and merges
            // them (attention_flash_fwd.cu; these shapes split on any GPU of 36 SMs or more).
-           {"flash split keys d128", {rand({1, 1024, 2, 128}, -1, 1), rand({1, 1024, 1, 128}, -1, 1),
-                                      rand({1, 1024, 1, 128}, -1, 1), rand({1, 1024, 2, 128}, -1, 1)},
-            fwd_bwd(AttentionParams{})},
-           {"flash split keys q_offset", {rand({1, 200, 4, 64}, -1, 1), rand({1, 1200, 2, 64}, -1, 1),
-                                          rand({1, 1200, 2, 64}, -1, 1), rand({1, 200, 4, 64}, -1, 1)},
-            fwd_bwd(late_chunk)},
-           {"flash split keys non-causal", {rand({1, 100, 2, 128}, -1, 1), rand({1, 1500, 2, 128}, -1, 1),
-                                            rand({1, 1500, 2, 128}, -1, 1), rand({1, 100, 2, 128}, -1, 1)},
-            fwd_bwd(full)},
-           {"flash window 100 d128", {rand({1, 300, 12, 128}, -1, 1), rand({1, 300, 2, 128}, -1, 1),
-                                      rand({1, 300, 2, 128}, -1, 1), rand({1, 300, 12, 128}, -1, 1)},
-            fwd_bwd(windowed(100, 0))},
+           heads("flash split keys d128", 1, 1024, 1024, 2, 1, 128, AttentionParams{}),
+           heads("flash split keys q_offset", 1, 200, 1200, 4, 2, 64, late_chunk),
+           heads("flash split keys non-causal", 1, 100, 1500, 2, 2, 128, full),
+           heads("flash window 100 d128", 1, 300, 300, 12, 2, 128, windowed(100, 0)),
            // With 64-key tiles its blocks of 5 tiles split while the last block, 2 rows long, reads 4 and does not.
-           {"flash window 190, split keys, short last block", {rand({1, 1410, 4, 64}, -1, 1),
-                                                               rand({1, 1410, 2, 64}, -1, 1),
-                                                               rand({1, 1410, 2, 64}, -1, 1),
-                                                               rand({1, 1410, 4, 64}, -1, 1)},
-            fwd_bwd(windowed(190, 0))},
-           {"flash window after cached keys", {rand({2, 150, 12, 128}, -1, 1), rand({2, 400, 2, 128}, -1, 1),
-                                              rand({2, 400, 2, 128}, -1, 1), rand({2, 150, 12, 128}, -1, 1)},
-            fwd_bwd(windowed(100, 250))},
-           {"flash window past every row (none)", {rand({1, 130, 4, 64}, -1, 1), rand({1, 130, 2, 64}, -1, 1),
-                                                   rand({1, 130, 2, 64}, -1, 1), rand({1, 130, 4, 64}, -1, 1)},
-            fwd_bwd(windowed(130, 0))},
+           heads("flash window 190, split keys, short last block", 1, 1410, 1410, 4, 2, 64, windowed(190, 0)),
+           heads("flash window after cached keys", 2, 150, 400, 12, 2, 128, windowed(100, 250)),
+           heads("flash window past every row (none)", 1, 130, 130, 4, 2, 64, windowed(130, 0)),
            // Gemma 3's head dim (the forward on the mma.sync kernel on any GPU, the backward one CTA an SM): a local
            // layer's window and a global layer's split keys.
-           {"flash d256 window 512", {rand({1, 700, 4, 256}, -1, 1), rand({1, 700, 1, 256}, -1, 1),
-                                      rand({1, 700, 1, 256}, -1, 1), rand({1, 700, 4, 256}, -1, 1)},
-            fwd_bwd(windowed(512, 0))},
-           {"flash d256 split keys", {rand({1, 1024, 4, 256}, -1, 1), rand({1, 1024, 1, 256}, -1, 1),
-                                      rand({1, 1024, 1, 256}, -1, 1), rand({1, 1024, 4, 256}, -1, 1)},
-            fwd_bwd(AttentionParams{})},
+           heads("flash d256 window 512", 1, 700, 700, 4, 1, 256, windowed(512, 0)),
+           heads("flash d256 split keys", 1, 1024, 1024, 4, 1, 256, AttentionParams{}),
            // Phi-3's head dim: the forward on tiles of 128 (the columns past 96 zero in shared memory, never stored),
            // the backward on the reference kernel.
-           {"flash d96 window 64", {rand({2, 200, 4, 96}, -1, 1), rand({2, 200, 4, 96}, -1, 1),
-                                    rand({2, 200, 4, 96}, -1, 1), rand({2, 200, 4, 96}, -1, 1)},
-            fwd_bwd(windowed(64, 0))},
-           {"flash d96 split keys", {rand({1, 1024, 2, 96}, -1, 1), rand({1, 1024, 2, 96}, -1, 1),
-                                     rand({1, 1024, 2, 96}, -1, 1), rand({1, 1024, 2, 96}, -1, 1)},
-            fwd_bwd(AttentionParams{})},
-           {"decode window 50 d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
-                                      rand({2, 300, 2, 128}, -1, 1), rand({2, 3, 4, 128}, -1, 1)},
-            fwd_bwd(windowed(50, 297))},
-           {"decode masked d128", {rand({2, 3, 4, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1), rand({2, 300, 2, 128}, -1, 1),
-                                   rand({2, 3, 4, 128}, -1, 1), mask}, fwd_bwd(decode)},
-           {"decode d40", {rand({3, 1, 6, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1), rand({3, 50, 3, 40}, -1, 1),
-                           rand({3, 1, 6, 40}, -1, 1)}, fwd_bwd([] { AttentionParams p; p.q_offset = 49; return p; }())},
+           heads("flash d96 window 64", 2, 200, 200, 4, 4, 96, windowed(64, 0)),
+           heads("flash d96 split keys", 1, 1024, 1024, 2, 2, 96, AttentionParams{}),
+           heads("decode window 50 d128", 2, 3, 300, 4, 2, 128, windowed(50, 297)),
+           heads("decode masked d128", 2, 3, 300, 4, 2, 128, decode, mask),
+           heads("decode d40", 3, 1, 50, 6, 3, 40, short_decode),
        }) {
     expect_parity(c, dtype());
   }

@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_partial_kernel(const Decod
       bool visible = r < nr;
       if (visible) {
         const int h = head_of(r), i = qrow_of(r);
-        if (a.causal && j > a.q_offset + i) visible = false;
-        if (a.window > 0 && j <= a.q_offset + i - a.window) visible = false;
+        visible = sees_key<int64_t>(a.causal, a.q_offset, a.window, i, j);
         if (visible && a.mask != nullptr) {
           visible = a.mask[b * a.mask_stride[0] + h * a.mask_stride[1] + i * a.mask_stride[2] +
                            static_cast<int64_t>(j) * a.mask_stride[3]] != 0;

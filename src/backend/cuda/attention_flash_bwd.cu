@@ -206,8 +206,7 @@ __global__ void __launch_bounds__(kThreadsBwd, bwd_ctas_per_sm<D>()) flash_backw
         const int hf = e >> 1;
         const int row = q0 + wm * 16 + g + hf * 8;
         const int col = k0 + wn * 32 + nt * 8 + 2 * t4 + (e & 1);
-        const bool visible = row_ok[hf] && col < a.kv_len && (!a.causal || col <= a.q_offset + row) &&
-                             (a.window == 0 || col > a.q_offset + row - a.window);
+        const bool visible = row_ok[hf] && col < a.kv_len && sees_key(a.causal, a.q_offset, a.window, row, col);
         const float p = visible ? exp2f(s[nt][e] * a.scale_log2 - lse2[hf]) : 0.f;
         s[nt][e] = p;
         dp[nt][e] = p * (dp[nt][e] - dlt[hf]);

@@ -27,7 +27,7 @@
 //
 // Tiles: BC = 64 keys for every head dim; launch bounds (256, 2) at D 64 and 128, i.e. two CTAs (16 warps) an SM
 // at <= 128 registers (D 128 spills 78 bytes), (256, 1) at D 256 (Gemma 3: 128 O accumulators a thread; 255
-// registers, 118 bytes spilled). Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks
+// registers, 134 bytes spilled). Shared memory: Q [BR][D], K [2][BC][D], V [2][BC][D] (bf16/f16, 16-byte chunks
 // XOR-swizzled): 48 KiB (D 64), 96 KiB (D 128), 192 KiB (D 256). D 96 (Phi-3) runs on the tiles of D 128.
 #include <algorithm>
 #include <cmath>

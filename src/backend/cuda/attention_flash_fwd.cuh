@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention_kernels.h"
 #include "attention_mma.cuh"
 #include "common.cuh"
 
@@ -82,7 +83,7 @@ MICROLLM_HD inline bool tile_needs_mask(const FwdArgs& a, int key0, int bc, int 
 }
 // Whether query row `row` sees key `col`.
 MICROLLM_HD inline bool key_visible(const FwdArgs& a, int row, int col) {
-  return col < a.kv_len && (!a.causal || col <= a.q_offset + row) && (a.window == 0 || col > a.q_offset + row - a.window);
+  return col < a.kv_len && sees_key(a.causal, a.q_offset, a.window, row, col);
 }
 
 // A row's total over the four lanes (threadID_in_group) that hold its columns of a C fragment.
@@ -176,8 +177,9 @@ inline void split_plan(FwdArgs& a, int64_t bh, int rows, int tile_keys, int64_t 
     return t.end - t.first;
   };
   for (int i = 0; i < n_blocks; ++i) {
-    total += tiles_of(i);
-    longest = std::max(longest, tiles_of(i));
+    const int tiles = tiles_of(i);
+    total += tiles;
+    longest = std::max(longest, tiles);
   }
   const int64_t share = (bh * total + slots - 1) / slots;
   const int chunk = static_cast<int>(std::max<int64_t>(share, (kMinChunkKeys + tile_keys - 1) / tile_keys));

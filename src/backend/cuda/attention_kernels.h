@@ -9,9 +9,18 @@
 #include <cstdint>
 
 #include "microllm/backend/kernel_params.h"
+#include "microllm/backend/portability.h"
 #include "microllm/core/tensor.h"
 
 namespace microllm::cuda_kernels::attention {
+
+// The visibility rule of every path (the key bound and the mask are each path's own): query row i, at position
+// q_offset + i, sees key j when causal allows it (j <= q_offset + i) and a sliding window does (j > q_offset + i -
+// window; window 0: none). I: the path's index type.
+template <typename I>
+MICROLLM_HD inline bool sees_key(bool causal, I q_offset, I window, I i, I j) {
+  return (!causal || j <= q_offset + i) && (window == 0 || j > q_offset + i - window);
+}
 
 // q [B, Hq, T, D], k and v [B, Hkv, S, D]: sizes and the visibility rule of every path.
 struct Problem {

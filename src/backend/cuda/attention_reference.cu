@@ -47,7 +47,7 @@ struct RefShape {
 
   __device__ int64_t key_end(int64_t i) const { return causal ? min(S, q_offset + i + 1) : S; }
   __device__ bool allowed(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (j >= key_end(i) || (window > 0 && j <= q_offset + i - window)) return false;
+    if (j >= S || !sees_key(causal, q_offset, window, i, j)) return false;
     return mask == nullptr || mask[b * m0 + h * m1 + i * m2 + j * m3] != 0;
   }
 };
