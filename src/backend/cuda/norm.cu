@@ -372,6 +372,28 @@ bool row_strides_aligned(const StridedMeta<2>& meta, size_t element_size) {
 
 // Whether the rows of `args` (its steps set from the tensors' strides) move in 16-byte packs: unit steps, whole packs
 // a row, every row and vector aligned.
+// The forward's arguments from its tensors: n_rows rows of x's last dim; residual, h_out and rstd may be undefined.
+template <typename T>
+ForwardArgs<T> forward_args(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps,
+                            const Tensor& out, const Tensor& h_out, const Tensor& rstd, int64_t n_rows) {
+  const bool fused = residual.defined();
+  ForwardArgs<T> args{};
+  args.x = static_cast<const T*>(x.data_ptr());
+  args.residual = fused ? static_cast<const T*>(residual.data_ptr()) : nullptr;
+  args.weight = static_cast<const T*>(weight.data_ptr());
+  args.out = static_cast<T*>(out.data_ptr());
+  args.h_out = h_out.defined() ? static_cast<T*>(h_out.data_ptr()) : nullptr;
+  args.rstd = rstd.defined() ? static_cast<acc_t<T>*>(rstd.data_ptr()) : nullptr;
+  args.rows = row_meta(x, fused ? residual : x);
+  args.n_rows = n_rows;
+  args.n = x.size(-1);
+  args.x_step = x.stride(-1);
+  args.r_step = fused ? residual.stride(-1) : 0;
+  args.w_step = weight.stride(0);
+  args.eps = static_cast<acc_t<T>>(eps);  // HF adds eps to an f32 tensor
+  return args;
+}
+
 template <typename T>
 bool vector_rows(const ForwardArgs<T>& a) {
   constexpr int V = 16 / sizeof(T);
@@ -439,26 +461,12 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor
   OpScope scope("rms_norm", device_, detail::current_cuda_stream(device_));
   visit_float(x.dtype(), "rms_norm", [&]<typename T>() {
     using A = acc_t<T>;
-    const int64_t n = x.size(-1), rows = rstd_out.numel();
+    const int64_t rows = rstd_out.numel();
     MICROLLM_CHECK(rstd_out.dtype() == (std::is_same_v<A, double> ? DType::f64 : DType::f32), DTypeError, "rms_norm",
                    "rstd must be ", (std::is_same_v<A, double> ? "f64" : "f32"), ", got ", rstd_out.dtype());
     if (rows == 0) return;
     Launch launch(out);
-    const bool fused = residual.defined();
-    ForwardArgs<T> args{};
-    args.x = static_cast<const T*>(x.data_ptr());
-    args.residual = fused ? static_cast<const T*>(residual.data_ptr()) : nullptr;
-    args.weight = static_cast<const T*>(weight.data_ptr());
-    args.out = static_cast<T*>(out.data_ptr());
-    args.h_out = h_out.defined() ? static_cast<T*>(h_out.data_ptr()) : nullptr;
-    args.rstd = static_cast<A*>(rstd_out.data_ptr());
-    args.rows = row_meta(x, fused ? residual : x);
-    args.n_rows = rows;
-    args.n = n;
-    args.x_step = x.stride(-1);
-    args.r_step = fused ? residual.stride(-1) : 0;
-    args.w_step = weight.stride(0);
-    args.eps = static_cast<A>(eps);  // HF adds eps to an f32 tensor
+    const ForwardArgs<T> args = forward_args<T>(x, residual, weight, eps, out, h_out, rstd_out, rows);
     launch_forward<T>(args, vector_rows(args), launch.stream, launch.device);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
@@ -476,17 +484,7 @@ void CudaFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_
     if constexpr (std::is_same_v<A, float>) {
       if (n / V > 32 || q.numel() == 0 || k.numel() == 0) return;
       auto args_of = [&](const Tensor& x, const Tensor& w, const Tensor& out) {
-        ForwardArgs<T> a{};
-        a.x = static_cast<const T*>(x.data_ptr());
-        a.weight = static_cast<const T*>(w.data_ptr());
-        a.out = static_cast<T*>(out.data_ptr());
-        a.rows = row_meta(x, x);
-        a.n_rows = x.numel() / n;
-        a.n = n;
-        a.x_step = x.stride(-1);
-        a.w_step = w.stride(0);
-        a.eps = static_cast<A>(eps);
-        return a;
+        return forward_args<T>(x, Tensor(), w, eps, out, Tensor(), Tensor(), x.numel() / n);
       };
       const ForwardArgs<T> qa = args_of(q, q_weight, q_out), ka = args_of(k, k_weight, k_out);
       if (!vector_rows(qa) || !vector_rows(ka)) return;
