@@ -26,9 +26,7 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
     case GatedActivation::none:
       primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
       break;
-    case GatedActivation::swiglu:
-      linear_swiglu(normed, weight, bias, out);
-      break;
+    case GatedActivation::swiglu: linear_swiglu(normed, weight, bias, out); break;
     case GatedActivation::geglu: {
       const int64_t n = out.size(1);
       const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
@@ -41,8 +39,8 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
   }
 }
 
-void Fusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
-                          double eps, const Tensor& q_out, const Tensor& k_out) {
+void Fusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
+                          const Tensor& q_out, const Tensor& k_out) {
   const DType stats = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
   primitives_.rms_norm(q, Tensor(), q_weight, eps, q_out, Tensor(),
                        Tensor::empty({q.numel() / q.size(-1)}, stats, q.device()));
@@ -60,7 +58,16 @@ void Fusions::linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor&
 void Fusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope_params,
                                      const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                      const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                     double scale, int64_t max_context, const Tensor& out, int64_t window) {
+                                     double scale, int64_t max_context, const Tensor& out, int64_t window,
+                                     const QkNormParams& qk_norm) {
+  if (qk_norm.defined()) {  // QK-norm first (the fused qk_rms_norm where this table has one), then the rest
+    const Tensor q_normed = Tensor::empty(q.shape(), q.dtype(), q.device());
+    const Tensor k_normed = Tensor::empty(k.shape(), k.dtype(), k.device());
+    qk_rms_norm(q, k, qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps, q_normed, k_normed);
+    Fusions::paged_decode_attention(q_normed, k_normed, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids,
+                                    positions, scale, max_context, out, window, QkNormParams{});
+    return;
+  }
   // rope takes [B, T, H, D] with positions [B, T]: the N tokens as N sequences of one.
   const Tensor pos = positions.unsqueeze(1);
   const Tensor q_rot = Tensor::empty({q.size(0), 1, q.size(1), q.size(2)}, q.dtype(), q.device());
@@ -77,10 +84,10 @@ void Fusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k,
                                                const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                                                const Tensor& seq_ids, const Tensor& positions, double scale,
                                                int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                               const Tensor& out, int64_t window) {
+                                               const Tensor& out, int64_t window, const QkNormParams& qk_norm) {
   const Tensor attention = Tensor::empty(q.shape(), q.dtype(), q.device());
   paged_decode_attention(q, k, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                         max_context, attention, window);
+                         max_context, attention, window, qk_norm);
   primitives_.matmul(attention.reshape({q.size(0), q.size(1) * q.size(2)}), o_weight, /*transpose_a=*/false,
                      /*transpose_b=*/true, Tensor(), addend, out);
 }

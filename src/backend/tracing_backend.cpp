@@ -208,10 +208,11 @@ void TracingFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor&
 void TracingFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                             const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                            double scale, int64_t max_context, const Tensor& out, int64_t window) {
+                                            double scale, int64_t max_context, const Tensor& out, int64_t window,
+                                            const QkNormParams& qk_norm) {
   Scope span("paged_decode_attention", "op");
   inner_.paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                max_context, out, window);
+                                max_context, out, window, qk_norm);
 }
 
 void TracingFusions::paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -220,10 +221,10 @@ void TracingFusions::paged_decode_attention_projected(const Tensor& q, const Ten
                                                       const Tensor& block_tables, const Tensor& seq_ids,
                                                       const Tensor& positions, double scale, int64_t max_context,
                                                       const Tensor& o_weight, const Tensor& addend, const Tensor& out,
-                                                      int64_t window) {
+                                                      int64_t window, const QkNormParams& qk_norm) {
   Scope span("paged_decode_attention_projected", "op");
   inner_.paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                          max_context, o_weight, addend, out, window);
+                                          max_context, o_weight, addend, out, window, qk_norm);
 }
 
 void TracingFusions::paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,

@@ -72,21 +72,22 @@ class TracingFusions final : public Fusions {
   TracingFusions(Backend& primitives, Fusions& inner) : Fusions(primitives), inner_(inner) {}
 
   void linear_swiglu(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out) override;
-  void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
-                       const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
-                       GatedActivation gate, const Tensor& out, const Tensor& h_out) override;
+  void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual, const Tensor& norm_weight,
+                       double eps, const Tensor& weight, const Tensor& bias, GatedActivation gate, const Tensor& out,
+                       const Tensor& h_out) override;
   bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const override;
   void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
                    const Tensor& q_out, const Tensor& k_out) override;
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out, int64_t window) override;
+                              int64_t max_context, const Tensor& out, int64_t window,
+                              const QkNormParams& qk_norm) override;
   void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                         double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                        const Tensor& out, int64_t window) override;
+                                        const Tensor& out, int64_t window, const QkNormParams& qk_norm) override;
   void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
                            const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                            const Tensor& q_out, const Tensor& k_out) override;

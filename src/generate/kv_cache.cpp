@@ -4,6 +4,7 @@
 #include "microllm/nn/transformer.h"
 #include "microllm/ops/attention.h"
 #include "microllm/ops/paged_attention.h"
+#include "microllm/ops/qk_norm.h"
 #include "microllm/ops/rope.h"
 
 namespace microllm::generate {
@@ -37,8 +38,11 @@ std::vector<LayerAttention> layer_attention(const nn::TransformerConfig& config)
 }
 
 Tensor AttentionCache::attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const RopeParams& rope, const LinearWeight& o, const Tensor& addend) {
-  return o.linear(attend(layer, q, k, v, rope), addend);
+                                        const RopeParams& rope, const QkNormParams& qk_norm, const LinearWeight& o,
+                                        const Tensor& addend) {
+  if (!qk_norm.defined()) return o.linear(attend(layer, q, k, v, rope), addend);
+  const auto [q_normed, k_normed] = qk_rms_norm(q, k, qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps);
+  return o.linear(attend(layer, q_normed, k_normed, v, rope), addend);
 }
 
 // ---- contiguous ----
@@ -141,10 +145,11 @@ Tensor PagedDecode::attend(int layer, const Tensor& q, const Tensor& k, const Te
 }
 
 Tensor PagedDecode::attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const RopeParams& rope, const LinearWeight& o, const Tensor& addend) {
+                                     const RopeParams& rope, const QkNormParams& qk_norm, const LinearWeight& o,
+                                     const Tensor& addend) {
   const Tensor o_matrix = o.dense_matrix();
   if (!o_matrix.defined() || o.bias().defined())
-    return AttentionCache::attend_projected(layer, q, k, v, rope, o, addend);
+    return AttentionCache::attend_projected(layer, q, k, v, rope, qk_norm, o, addend);
   check_inference("paged_decode");
   const int64_t batch = q.size(0), hidden = o.out_features();
   MICROLLM_CHECK(q.size(1) == 1, ShapeError, "paged_decode", "a decode step takes one token per row, got ", q.size(1));
@@ -152,7 +157,7 @@ Tensor PagedDecode::attend_projected(int layer, const Tensor& q, const Tensor& k
   paged_decode_attention_projected(
       q.select(1, 0), k.select(1, 0), v.select(1, 0), rope, cache_.keys(layer), cache_.values(layer), in_.slots,
       in_.block_tables, in_.seq_ids, in_.positions, cache_.attention(layer).scale, in_.max_context, o_matrix,
-      addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out, cache_.attention(layer).window);
+      addend.defined() ? addend.reshape({batch, hidden}) : Tensor(), out, cache_.attention(layer).window, qk_norm);
   return out.reshape({batch, 1, hidden});
 }
 

@@ -4,7 +4,6 @@
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/indexing.h"
 #include "microllm/ops/norm.h"
-#include "microllm/ops/qk_norm.h"
 #include "microllm/profile/trace.h"
 
 namespace microllm::generate {
@@ -64,8 +63,7 @@ Runner::Runner(const nn::TransformerLM& model, DType dtype) : config_(model.conf
     b.qkv = joined(attention.qkv(), dtype);
     b.o = single(attention.o_proj(), dtype);
     if (attention.q_norm()) {
-      b.q_norm = in_dtype(attention.q_norm()->weight(), dtype);
-      b.k_norm = in_dtype(attention.k_norm()->weight(), dtype);
+      b.qk_norm = {in_dtype(attention.q_norm()->weight(), dtype), in_dtype(attention.k_norm()->weight(), dtype), b.eps};
     }
     b.gate_up = joined(layer->mlp().gate_up(), dtype);
     b.down = single(layer->mlp().down_proj(), dtype);
@@ -81,11 +79,10 @@ Tensor Runner::attention(int index, const Tensor& qkv, const Tensor& addend, Att
   const Block& b = blocks_[static_cast<size_t>(index)];
   const int64_t batch = qkv.size(0), tokens = qkv.size(1), d = config_.resolved_head_dim();
   const int64_t hq = config_.num_heads, hkv = config_.num_kv_heads;
-  Tensor q = qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d});
-  Tensor k = qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d});
+  const Tensor q = qkv.narrow(2, 0, hq * d).view({batch, tokens, hq, d});
+  const Tensor k = qkv.narrow(2, hq * d, hkv * d).view({batch, tokens, hkv, d});
   const Tensor v = qkv.narrow(2, (hq + hkv) * d, hkv * d).view({batch, tokens, hkv, d});
-  if (b.q_norm.defined()) std::tie(q, k) = qk_rms_norm(q, k, b.q_norm, b.k_norm, b.eps);
-  return cache.attend_projected(index, q, k, v, b.rope, b.o, addend);
+  return cache.attend_projected(index, q, k, v, b.rope, b.qk_norm, b.o, addend);
 }
 
 // One block over the residual stream entering it (residual + x'; x' = x, or rms_norm(x, x_norm) where the block
@@ -112,8 +109,8 @@ std::pair<Tensor, Tensor> Runner::block(int index, const Tensor& x, const Tensor
   }
   profile::Scope mlp_span("layer.", index, ".mlp", "layer");
   if (pre) {
-    auto [activation, h] = b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, b.post_attention_norm, b.eps,
-                                                 b.gate);
+    auto [activation, h] =
+        b.gate_up.norm_linear(attn, add_in_o ? Tensor() : stream, b.post_attention_norm, b.eps, b.gate);
     return {b.down.linear(activation, h), Tensor()};
   }
   auto [activation, h] =

@@ -22,8 +22,8 @@ inline void floating(const char* op, const Tensor& t, const char* name) {
 
 inline void index_dtype(const char* op, const Tensor& t, const char* name) {
   defined(op, t, name);
-  MICROLLM_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, DTypeError, op, name,
-                 " must be i32 or i64, got ", t.dtype());
+  MICROLLM_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64, DTypeError, op, name, " must be i32 or i64, got ",
+                 t.dtype());
 }
 
 inline void same_dtype(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
@@ -32,13 +32,12 @@ inline void same_dtype(const char* op, const Tensor& a, const char* a_name, cons
 }
 
 inline void same_device(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
-  MICROLLM_CHECK(a.device() == b.device(), DeviceError, op, b_name, " is on ", b.device(), " but ", a_name,
-                 " is on ", a.device());
+  MICROLLM_CHECK(a.device() == b.device(), DeviceError, op, b_name, " is on ", b.device(), " but ", a_name, " is on ",
+                 a.device());
 }
 
 inline void rank(const char* op, const Tensor& t, const char* name, int expected) {
-  MICROLLM_CHECK(t.dim() == expected, ShapeError, op, name, " must have rank ", expected, ", got shape ",
-                 t.shape());
+  MICROLLM_CHECK(t.dim() == expected, ShapeError, op, name, " must have rank ", expected, ", got shape ", t.shape());
 }
 
 inline void same_shape(const char* op, const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
@@ -50,5 +49,8 @@ inline void same_shape(const char* op, const Tensor& a, const char* a_name, cons
 // on x's device, valid rotary parameters; returns the positions expanded to [B, T].
 Tensor rope_positions(const char* op, const Tensor& x, const char* x_name, const Tensor& positions,
                       const RopeParams& params);
+
+// QK-norm's weights (ops/qk_norm.h): q_weight and k_weight [D] with q's dtype and device, eps finite and > 0.
+void qk_norm_weights(const char* op, const Tensor& q, const Tensor& q_weight, const Tensor& k_weight, double eps);
 
 }  // namespace microllm::checks

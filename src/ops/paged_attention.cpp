@@ -84,9 +84,10 @@ void check_out(const char* op, const Tensor& q, const Tensor& out) {
                  " with strides ", out.strides());
 }
 
-// A decode step's new keys and values (k, v [N, Hkv, D] like the pools), the rotary parameters and slots [N].
+// A decode step's new keys and values (k, v [N, Hkv, D] like the pools), the rotary parameters, slots [N] and the
+// QK-norm weights where defined.
 void check_new_kv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_pool,
-                  const RopeParams& rope, const Tensor& slots) {
+                  const RopeParams& rope, const Tensor& slots, const QkNormParams& qk_norm) {
   for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k, "k"}, {v, "v"}}) {
     checks::floating(op, t, name);
     checks::rank(op, t, name, 3);
@@ -99,6 +100,7 @@ void check_new_kv(const char* op, const Tensor& q, const Tensor& k, const Tensor
   MICROLLM_CHECK(q.size(2) % 2 == 0, ShapeError, op, "the rotary embedding needs an even head dim, got q shape ",
                  q.shape());
   rope_inv_freq(rope, q.size(2));  // checks the rotary parameters
+  if (qk_norm.defined()) checks::qk_norm_weights(op, q, qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps);
   check_index(op, slots, "slots", 1, k_pool);
   MICROLLM_CHECK(slots.size(0) == q.size(0), ShapeError, op, "slots shape ", slots.shape(), " does not match the ",
                  q.size(0), " query tokens of q ", q.shape());
@@ -152,23 +154,24 @@ void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool
 void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                            const Tensor& out, int64_t window) {
+                            const Tensor& out, int64_t window, const QkNormParams& qk_norm) {
   const char* op = "paged_decode_attention";
   const int64_t context =
       check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
-  check_new_kv(op, q, k, v, k_pool, rope, slots);
+  check_new_kv(op, q, k, v, k_pool, rope, slots, qk_norm);
   check_out(op, q, out);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  fusions_for(q.device()).paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids,
-                                                 positions, s, context, out, window);
+  fusions_for(q.device())
+      .paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, s, context, out,
+                              window, qk_norm);
 }
 
 void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                      const Tensor& out, int64_t window) {
+                                      const Tensor& out, int64_t window, const QkNormParams& qk_norm) {
   const char* op = "paged_decode_attention_projected";
   checks::defined(op, q, "q");
   checks::rank(op, q, "q", 3);
@@ -193,13 +196,13 @@ void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Te
   }
   const int64_t context =
       check_attention(op, q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window);
-  check_new_kv(op, q, k, v, k_pool, rope, slots);
+  check_new_kv(op, q, k, v, k_pool, rope, slots, qk_norm);
   if (out.numel() == 0) return;
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   fusions_for(q.device())
       .paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, s,
                                         context, o_weight, addend.defined() ? addend.contiguous() : Tensor(), out,
-                                        window);
+                                        window, qk_norm);
 }
 
 std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -220,9 +223,8 @@ std::pair<Tensor, Tensor> paged_rope_kv_write(const Tensor& q, const Tensor& k, 
   checks::same_shape(op, k, "k", v, "v");
   MICROLLM_CHECK(k.size(2) == kv_heads, ShapeError, op, "k shape ", k.shape(), " must have the ", kv_heads,
                  " kv heads of k_pool ", k_pool.shape());
-  MICROLLM_CHECK(q.size(2) > 0 && q.size(2) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ",
-                 q.size(2), " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ",
-                 k_pool.shape());
+  MICROLLM_CHECK(q.size(2) > 0 && q.size(2) % kv_heads == 0, ShapeError, op, "q shape ", q.shape(), " has ", q.size(2),
+                 " heads, which is not a positive multiple of the ", kv_heads, " kv heads of k_pool ", k_pool.shape());
   check_index(op, slots, "slots", 1, k_pool);
   MICROLLM_CHECK(slots.size(0) == q.size(0) * q.size(1), ShapeError, op, "slots shape ", slots.shape(),
                  " does not match the ", q.size(0) * q.size(1), " tokens of q ", q.shape());

@@ -16,19 +16,26 @@ std::pair<Tensor, Tensor> qk_rms_norm(const Tensor& q, const Tensor& k, const Te
   const int64_t d = q.size(-1);
   MICROLLM_CHECK(k.dim() >= 1 && k.size(-1) == d, ShapeError, op, "k shape ", k.shape(),
                  " does not end in the head dim of q ", q.shape());
-  for (const auto& [t, name] : {std::pair{&k, "k"}, {&q_weight, "q weight"}, {&k_weight, "k weight"}}) {
-    checks::same_dtype(op, q, "q", *t, name);
-    checks::same_device(op, q, "q", *t, name);
-  }
-  for (const auto& [w, name] : {std::pair{&q_weight, "q weight"}, {&k_weight, "k weight"}}) {
-    MICROLLM_CHECK(w->dim() == 1 && w->size(0) == d, ShapeError, op, name, " shape ", w->shape(),
-                   " does not match the head dim ", d);
-  }
-  MICROLLM_CHECK(std::isfinite(eps) && eps > 0, ValueError, op, "eps must be a finite number > 0, got ", eps);
+  checks::same_dtype(op, q, "q", k, "k");
+  checks::same_device(op, q, "q", k, "k");
+  checks::qk_norm_weights(op, q, q_weight, k_weight, eps);
   const Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
   const Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
   fusions_for(q.device()).qk_rms_norm(q, k, q_weight, k_weight, eps, q_out, k_out);
   return {q_out, k_out};
+}
+
+void checks::qk_norm_weights(const char* op, const Tensor& q, const Tensor& q_weight, const Tensor& k_weight,
+                             double eps) {
+  const int64_t d = q.size(-1);
+  for (const auto& [w, name] : {std::pair{&q_weight, "q weight"}, {&k_weight, "k weight"}}) {
+    checks::defined(op, *w, name);
+    checks::same_dtype(op, q, "q", *w, name);
+    checks::same_device(op, q, "q", *w, name);
+    MICROLLM_CHECK(w->dim() == 1 && w->size(0) == d, ShapeError, op, name, " shape ", w->shape(),
+                   " does not match the head dim ", d);
+  }
+  MICROLLM_CHECK(std::isfinite(eps) && eps > 0, ValueError, op, "eps must be a finite number > 0, got ", eps);
 }
 
 }  // namespace microllm

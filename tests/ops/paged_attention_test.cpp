@@ -24,6 +24,7 @@
 #include "microllm/ops/attention.h"
 #include "microllm/ops/elementwise.h"
 #include "microllm/ops/matmul.h"
+#include "microllm/ops/qk_norm.h"
 #include "microllm/ops/rope.h"
 #include "test_support.h"
 
@@ -656,6 +657,70 @@ TEST(PagedDecodeAttentionTest, ContractErrorsNameTheRow) {
   });
   EXPECT_NE(shape.find("k shape"), std::string::npos) << shape;
   EXPECT_EQ(run(s.slots, c.seq_ids), "no error");
+}
+
+// QK-norm in the decode step (Qwen3's and Gemma 3's heads): the step given the norm's weights equals, bit for bit,
+// qk_rms_norm first and the step without them, for the attention alone and with the o projection, the pools too.
+// CUDA folds the norm into its kernels' query and key loads (`bench --explain` says so), each fused path's.
+void check_qk_norm_fold(const Cache& c, DType dtype, int64_t hidden, int64_t max_context, int64_t window, Device device,
+                        const char* what) {
+  SCOPED_TRACE(std::string(what) + " " + dtype_name(dtype));
+  const Tensor k_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const Tensor v_pool = random_tensor({c.num_blocks, c.block_size, c.kv_heads, c.dim}, dtype, device);
+  const DecodeStep s = make_step(c, dtype, device);
+  const QkNormParams norm{random_tensor({c.dim}, dtype, device, 0.5, 1.5),
+                          random_tensor({c.dim}, dtype, device, 0.5, 1.5), 1e-6};
+  const auto [q_normed, k_normed] = qk_rms_norm(s.q, s.k, norm.q_weight, norm.k_weight, norm.eps);
+  const Tensor o_weight = random_tensor({hidden, c.q_heads * c.dim}, dtype, device, -0.1, 0.1);
+  const Tensor addend = random_tensor({rows(c), hidden}, dtype, device);
+  for (const bool projected : {false, true}) {
+    const Tensor k_want = k_pool.clone(), v_want = v_pool.clone(), k_got = k_pool.clone(), v_got = v_pool.clone();
+    const Shape shape = projected ? Shape{rows(c), hidden} : s.q.shape();
+    const Tensor want = Tensor::full(shape, NAN, dtype, device), got = Tensor::full(shape, NAN, dtype, device);
+    auto step = [&](const Tensor& q, const Tensor& k, const Tensor& kp, const Tensor& vp, const Tensor& out,
+                    const QkNormParams& qk_norm) {
+      if (projected) {
+        paged_decode_attention_projected(q, k, s.v, qwen_rope(), kp, vp, s.slots, c.block_tables, c.seq_ids,
+                                         c.positions, 0, max_context, o_weight, addend, out, window, qk_norm);
+      } else {
+        paged_decode_attention(q, k, s.v, qwen_rope(), kp, vp, s.slots, c.block_tables, c.seq_ids, c.positions, 0,
+                               max_context, out, window, qk_norm);
+      }
+    };
+    step(q_normed, k_normed, k_want, v_want, want, {});
+    step(s.q, s.k, k_got, v_got, got, norm);
+    EXPECT_EQ(host_values(got), host_values(want)) << (projected ? "projected" : "attention");
+    EXPECT_EQ(host_values(k_got), host_values(k_want));
+    EXPECT_EQ(host_values(v_got), host_values(v_want));
+  }
+}
+
+TEST_P(PagedAttentionTest, DecodeStepFoldsQkNormAsQkRmsNorm) {
+  const Device d = device();
+  set_recording_kernel_choices(true);
+  clear_kernel_choices();
+  for (DType dtype : kPoolTypes) {
+    // Gemma 3 270M's heads (4 of D 256 over one kv head, hidden 640): a short context (one CTA a query head), a
+    // long one (a token's cluster), its local layers' window, two tokens and a padding row.
+    check_qk_norm_fold(make_cache({129}, 16, 1, 4, 256, 1, false, d, 3, 256), dtype, 640, 256, 0, d, "gemma b1");
+    check_qk_norm_fold(make_cache({1500}, 16, 1, 4, 256, 1, false, d, 3, 2048), dtype, 640, 2048, 0, d, "gemma long");
+    check_qk_norm_fold(make_cache({1500, 40}, 16, 1, 4, 256, 1, true, d, 3, 2048), dtype, 640, 2048, 512, d,
+                       "gemma b2 + padding, window 512");
+    // Qwen3-0.6B's heads (16 of D 128 over 8 kv heads, hidden 1024), a batch of 8.
+    check_qk_norm_fold(make_cache({5, 300, 77, 1, 129, 40, 3, 250}, 16, 8, 16, 128, 1, false, d, 3, 512), dtype, 1024,
+                       512, 0, d, "qwen3 b8");
+  }
+  set_recording_kernel_choices(false);
+  if (d.is_cuda()) {  // 16-bit and f32 heads of D 256 are at most 512 bytes only in 16 bits
+    int folded = 0, first = 0;
+    for (const KernelChoice& k : kernel_choices()) {
+      folded += k.choice.find("; QK-norm in its loads") != std::string::npos;
+      first += k.choice.find("; qk_rms_norm first") != std::string::npos;
+    }
+    EXPECT_GT(folded, 0);
+    EXPECT_GT(first, 0);  // f32 at D 256
+  }
+  clear_kernel_choices();
 }
 
 // `bench --explain`'s record: the decode step's plan, under the op that ran it, with the shapes it was chosen by.

@@ -41,22 +41,25 @@ class Fusions {
 
   // QK-norm (ops/qk_norm.h): q [.., Hq, D], k [.., Hk, D] (strided views), q_weight and k_weight [D], q_out and
   // k_out contiguous of q's and k's shapes. Composition: the two rms_norms. CUDA: one kernel, a warp a head.
-  virtual void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
-                           double eps, const Tensor& q_out, const Tensor& k_out);
+  virtual void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
+                           const Tensor& q_out, const Tensor& k_out);
 
   // ---- the paged KV cache (ops/paged_attention.h) ----
-  // paged_decode_attention: rope on q and k at positions, k and v written at slots, then paged_attention.
+  // paged_decode_attention: qk_rms_norm where qk_norm is defined, rope on q and k at positions, k and v written at
+  // slots, then paged_attention.
   virtual void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                      double scale, int64_t max_context, const Tensor& out, int64_t window);
+                                      double scale, int64_t max_context, const Tensor& out, int64_t window,
+                                      const QkNormParams& qk_norm);
   // paged_decode_attention_projected: paged_decode_attention into a [N, Hq, D] temporary, then out [N, hidden] =
   // addend + temporary @ o_weight^T (matmul with the addend; addend may be undefined).
   virtual void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 const RopeParams& rope, const Tensor& k_pool, const Tensor& v_pool,
                                                 const Tensor& slots, const Tensor& block_tables, const Tensor& seq_ids,
                                                 const Tensor& positions, double scale, int64_t max_context,
-                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out, int64_t window);
+                                                const Tensor& o_weight, const Tensor& addend, const Tensor& out,
+                                                int64_t window, const QkNormParams& qk_norm);
   // paged_rope_kv_write: q_out = rope(q), k_out = rope(k) (contiguous [B, T, H, D]), then k_out and v written at
   // slots [B * T]; positions [B, T].
   virtual void paged_rope_kv_write(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,

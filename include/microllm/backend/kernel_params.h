@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "microllm/core/tensor.h"
+
 namespace microllm {
 
 // X(name): elementwise functions of one input; `alpha` is the scalar of scale.
@@ -69,6 +71,15 @@ struct RopeParams {
   double theta = 10000.0;  // rope_theta
   RopeLayout layout = RopeLayout::split_half;
   RopeScaling scaling;
+};
+
+// QK-norm (Qwen3, Gemma 3) folded into an attention op: each head of q and of k RMS-normalized over its D elements by
+// the weight of its kind ([D]) before the rotary embedding, as ops/qk_norm.h's qk_rms_norm does it (its bits).
+// Undefined weights: no QK-norm.
+struct QkNormParams {
+  Tensor q_weight, k_weight;
+  double eps = 0;
+  bool defined() const { return q_weight.defined(); }
 };
 
 struct AttentionParams {

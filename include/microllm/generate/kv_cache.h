@@ -44,10 +44,11 @@ class AttentionCache {
   // q [B, T, Hq, D], k and v [B, T, Hkv, D] of `layer`, before the rotary embedding: k and v stored, each query
   // attending (causally) to its sequence's keys. Returns [B, T, Hq * D] in q's dtype.
   virtual Tensor attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope) = 0;
-  // out [B, T, hidden] = addend + attend() @ o^T (addend undefined: none), rounded once. The default is that
-  // composition; the paged decode step fuses the projection into its attention kernel.
+  // out [B, T, hidden] = addend + attend() @ o^T (addend undefined: none), rounded once, with q and k first
+  // normalized by qk_norm where it is defined (qk_rms_norm). The default is that composition; the paged decode step
+  // folds the norm into its attention kernel's loads and the projection into its end.
   virtual Tensor attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                                  const LinearWeight& o, const Tensor& addend);
+                                  const QkNormParams& qk_norm, const LinearWeight& o, const Tensor& addend);
   // After the forward's last layer, for the `tokens` tokens of each row it stored.
   virtual void finish_forward(int64_t tokens) { (void)tokens; }
 };
@@ -110,7 +111,7 @@ class PagedDecode : public AttentionCache {
   PagedDecode(const PagedKvCache& cache, Inputs inputs) : cache_(cache), in_(std::move(inputs)) {}
   Tensor attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope) override;
   Tensor attend_projected(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
-                          const LinearWeight& o, const Tensor& addend) override;
+                          const QkNormParams& qk_norm, const LinearWeight& o, const Tensor& addend) override;
 
  private:
   const PagedKvCache& cache_;

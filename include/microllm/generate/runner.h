@@ -53,9 +53,9 @@ class Runner {
     Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
     double eps;
     LinearWeight qkv, o, gate_up, down;
-    Tensor q_norm, k_norm;  // QK-norm weights, or undefined
+    QkNormParams qk_norm;  // undefined weights: none
     GatedActivation gate;  // the MLP's activation
-    RopeParams rope;  // the layer's rotary embedding
+    RopeParams rope;       // the layer's rotary embedding
   };
   // The embedding and every block: the residual stream as (delta, residual), each sum left to the next norm.
   std::pair<Tensor, Tensor> layers(const Tensor& ids, AttentionCache& cache) const;

@@ -55,10 +55,12 @@ void paged_attention(const Tensor& q, const Tensor& k_pool, const Tensor& v_pool
 // window as for paged_attention. The CUDA kernel does all of it in one launch (two past 256 keys or so): each
 // token's new key and value reach the attention from registers, not back from the pool. The CPU reference
 // is the composition of the four ops, and checks the slot and distinct-sequence contract (IndexError).
+// qk_norm, where defined (Qwen3, Gemma 3): q and k are first normalized as qk_rms_norm normalizes them (ops/qk_norm.h),
+// which the CUDA kernel does as it loads them where a head is at most 512 bytes (its bits).
 void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                             const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots, const Tensor& block_tables,
                             const Tensor& seq_ids, const Tensor& positions, double scale, int64_t max_context,
-                            const Tensor& out, int64_t window = 0);
+                            const Tensor& out, int64_t window = 0, const QkNormParams& qk_norm = {});
 
 // paged_decode_attention followed by the attention's output projection, in one call: out [N, hidden] =
 // addend + attention [N, Hq * D] @ o_weight^T, where attention is paged_decode_attention's output (rounded to
@@ -73,7 +75,7 @@ void paged_decode_attention_projected(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                       const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
                                       double scale, int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                      const Tensor& out, int64_t window = 0);
+                                      const Tensor& out, int64_t window = 0, const QkNormParams& qk_norm = {});
 
 // A prefill chunk's rotary embedding and cache write in one call: what rope(q), rope(k) and paged_kv_write do
 // in turn. q [B, T, Hq, D], k and v [B, T, Hkv, D] are the projections before the rotary embedding (any strides,

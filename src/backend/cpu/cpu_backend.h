@@ -81,7 +81,8 @@ class CpuFusions final : public Fusions {
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                               const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                               const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions, double scale,
-                              int64_t max_context, const Tensor& out, int64_t window) override;
+                              int64_t max_context, const Tensor& out, int64_t window,
+                              const QkNormParams& qk_norm) override;
 };
 
 }  // namespace microllm

@@ -155,15 +155,16 @@ void CpuBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const Te
 void CpuFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                         const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                         const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                        double scale, int64_t max_context, const Tensor& out, int64_t window) {
+                                        double scale, int64_t max_context, const Tensor& out, int64_t window,
+                                        const QkNormParams& qk_norm) {
   const char* op = "paged_decode_attention";
   const int64_t block_size = k_pool.size(1), num_blocks = k_pool.size(0), n_seqs = block_tables.size(0);
   std::vector<bool> seen(static_cast<size_t>(n_seqs), false);
   for (int64_t n = 0; n < q.size(0); ++n) {
     const int64_t pos = at(positions, n), slot = at(slots, n);
     if (pos < 0) {
-      MICROLLM_CHECK(slot < 0, IndexError, op, "slots[", n, "] = ", slot, " but row ", n,
-                     " is padding (positions[", n, "] = ", pos, "), which writes nothing: its slot must be < 0");
+      MICROLLM_CHECK(slot < 0, IndexError, op, "slots[", n, "] = ", slot, " but row ", n, " is padding (positions[", n,
+                     "] = ", pos, "), which writes nothing: its slot must be < 0");
       continue;
     }
     const int64_t seq = at(seq_ids, n);
@@ -180,7 +181,7 @@ void CpuFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const 
                    " of sequence ", seq, ", which block_tables puts at ", expected);
   }
   Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                  max_context, out, window);
+                                  max_context, out, window, qk_norm);
 }
 
 void CpuBackend::paged_decode_advance(const Tensor& inputs, const Tensor& block_tables, int64_t block_size,

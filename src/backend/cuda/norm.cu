@@ -16,6 +16,7 @@
 #include "common.cuh"
 #include "cuda_backend.h"
 #include "op_scope.h"
+#include "rms_math.cuh"
 
 namespace microllm {
 namespace cuda_kernels {
@@ -27,12 +28,6 @@ template <int N, typename T>
 struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
-
-// v rounded to the storage type and read back: HF keeps these intermediates in the model dtype.
-template <typename T>
-__device__ __forceinline__ acc_t<T> round_to(acc_t<T> v) {
-  return to_acc(from_acc<T>(v));
-}
 
 // Group p of a row: elements [p * V, p * V + V) in one 16-byte load when V > 1 (the row is contiguous
 // and aligned), else the single element p at `step`.
@@ -94,7 +89,7 @@ __device__ __forceinline__ void store_y(const ForwardArgs<T>& args, int64_t row,
   acc_t<T> w[V], y[V];
   load_group<T, V>(args.weight, args.w_step, p, w);
 #pragma unroll
-  for (int v = 0; v < V; ++v) y[v] = w[v] * round_to<T>(h[v] * rstd);
+  for (int v = 0; v < V; ++v) y[v] = rms_scaled<T>(w[v], h[v], rstd);
   store_group<T, V>(args.out + row * args.n, p, y);
 }
 
@@ -140,7 +135,7 @@ __device__ __forceinline__ void normalize_row(const ForwardArgs<T>& args, int64_
     total = warp_sum(sum_sq);
   else
     total = block_sum(sum_sq, scratch);
-  const A rstd = A(1) / std::sqrt(total / static_cast<A>(args.n) + args.eps);
+  const A rstd = rms_rstd(total, args.n, args.eps);
   if (lane == 0 && args.rstd) args.rstd[row] = rstd;
 #pragma unroll
   for (int q = 0; q < P; ++q) {
@@ -152,7 +147,7 @@ __device__ __forceinline__ void normalize_row(const ForwardArgs<T>& args, int64_
       if constexpr (kWeightFirst) {
         A y[V];
 #pragma unroll
-        for (int v = 0; v < V; ++v) y[v] = to_acc(w[q].v[v]) * round_to<T>(values[v] * rstd);
+        for (int v = 0; v < V; ++v) y[v] = rms_scaled<T>(to_acc(w[q].v[v]), values[v], rstd);
         store_group<T, V>(args.out + row * args.n, p, y);
       } else {
         store_y<T, V>(args, row, p, values, rstd);

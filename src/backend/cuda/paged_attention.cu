@@ -228,8 +228,8 @@ void launch_staged(const DecodePlan& p, PagedArgs a, const RopeFreq& freq, int64
     launch_chained_in_clusters(p.cluster, combine_projected_kernel<T>(p.replicas), combine_grid,
                                paged_plan::kSmallThreads, p.combine_smem, stream, device, a);
   } else {
-    launch_chained(paged_combine_kernel<T>, combine_grid, paged_plan::kSmallThreads, p.combine_smem, stream, device,
-                   a, rows);
+    launch_chained(paged_combine_kernel<T>, combine_grid, paged_plan::kSmallThreads, p.combine_smem, stream, device, a,
+                   rows);
   }
 }
 
@@ -283,15 +283,16 @@ void launch_plan(const DecodePlan& p, PagedArgs a, const RopeFreq& freq, int64_t
   if (p.kernel != DecodeKernel::staged) g_projected_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
-// `bench --explain`'s record: the op, its shapes and the plan's line (when recording is on).
-void record_plan(const char* op, const paged_plan::DecodeShape& s, const DecodePlan& p) {
+// `bench --explain`'s record: the op, its shapes and the plan's line (when recording is on), and where the step's
+// QK-norm runs (`qk_norm`: "" for none).
+void record_plan(const char* op, const paged_plan::DecodeShape& s, const DecodePlan& p, const char* qk_norm = "") {
   if (!recording_kernel_choices()) return;
   std::string shape = "tokens " + std::to_string(s.tokens) + ", heads " + std::to_string(s.q_heads) + "/" +
                       std::to_string(s.kv_heads) + " x " + std::to_string(s.dim) + ", context " +
                       std::to_string(s.max_context);
   if (s.window > 0) shape += ", window " + std::to_string(s.window);
   if (s.hidden > 0) shape += ", o " + std::to_string(s.hidden) + "x" + std::to_string(s.o_in);
-  record_kernel_choice(op, shape, p.describe());
+  record_kernel_choice(op, shape, p.describe() + qk_norm);
 }
 
 // The arguments every attention kernel reads.
@@ -345,6 +346,38 @@ void set_new_kv(PagedArgs& a, const Tensor& k, const Tensor& v, const Tensor& sl
   a.partner = split_half ? static_cast<int>(dim / 2) : 1;
 }
 
+// Whether the fused kernels normalize q and k as they load them (PagedArgs' QK-norm weights): where qk_rms_norm's
+// warp rows would (heads of at most 32 16-byte packs; the kernels take f32, f16 and bf16 only), with unit-stride
+// weights.
+bool folds_qk_norm(const QkNormParams& norm, const Tensor& q) {
+  return norm.defined() && q.size(2) * static_cast<int64_t>(dtype_size(q.dtype())) <= 32 * 16 &&
+         norm.q_weight.stride(0) == 1 && norm.k_weight.stride(0) == 1;
+}
+
+// The q and k a fused kernel reads: as given where it folds the QK-norm (or there is none), else normalized first by
+// `fusions`' qk_rms_norm.
+std::pair<Tensor, Tensor> kernel_qk(Fusions& fusions, const Tensor& q, const Tensor& k, const QkNormParams& norm) {
+  if (!norm.defined() || folds_qk_norm(norm, q)) return {q, k};
+  const Tensor q_normed = Tensor::empty(q.shape(), q.dtype(), q.device());
+  const Tensor k_normed = Tensor::empty(k.shape(), k.dtype(), k.device());
+  fusions.qk_rms_norm(q, k, norm.q_weight, norm.k_weight, norm.eps, q_normed, k_normed);
+  return {q_normed, k_normed};
+}
+
+// record_plan's note on a fused step's QK-norm.
+const char* qk_norm_note(const QkNormParams& norm, const Tensor& q, const DecodePlan& p) {
+  if (!norm.defined()) return "";
+  return folds_qk_norm(norm, q) && p.kernel != DecodeKernel::composition ? "; QK-norm in its loads"
+                                                                          : "; qk_rms_norm first";
+}
+
+void set_qk_norm(PagedArgs& a, const QkNormParams& norm, const Tensor& q) {
+  if (!folds_qk_norm(norm, q)) return;
+  a.q_norm_weight = norm.q_weight.data_ptr();
+  a.k_norm_weight = norm.k_weight.data_ptr();
+  a.norm_eps = static_cast<float>(norm.eps);
+}
+
 }  // namespace
 
 int64_t projected_launches() { return g_projected_launches.load(std::memory_order_relaxed); }
@@ -365,8 +398,8 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
   OpScope scope("paged_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
   namespace pg = paged;
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
-                                       window, out, detail::cuda_error_word(device_));
+  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context, window,
+                                       out, detail::cuda_error_word(device_));
   visit_float(q.dtype(), "paged_attention", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
       no_kernel("paged_attention", DType::f64);  // the op allows f32/f16/bf16 pools only
@@ -382,7 +415,8 @@ void CudaBackend::paged_attention(const Tensor& q, const Tensor& k_pool, const T
 void CudaFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,
                                          const Tensor& k_pool, const Tensor& v_pool, const Tensor& slots,
                                          const Tensor& block_tables, const Tensor& seq_ids, const Tensor& positions,
-                                         double scale, int64_t max_context, const Tensor& out, int64_t window) {
+                                         double scale, int64_t max_context, const Tensor& out, int64_t window,
+                                         const QkNormParams& qk_norm) {
   namespace pg = paged;
   paged_plan::DecodePlan plan;
   paged_plan::DecodeShape shape;
@@ -392,20 +426,23 @@ void CudaFusions::paged_decode_attention(const Tensor& q, const Tensor& k, const
       plan = paged_plan::plan_attention(shape, pg::device_limits(device_), paged_plan::DecodeKernel::composition);
     }
   });
-  pg::record_plan("paged_decode_attention", shape, plan);
+  pg::record_plan("paged_decode_attention", shape, plan, pg::qk_norm_note(qk_norm, q, plan));
   if (plan.kernel == paged_plan::DecodeKernel::composition) {  // the separate ops, one after the other
     Fusions::paged_decode_attention(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions, scale,
-                                    max_context, out, window);
+                                    max_context, out, window, qk_norm);
     return;
   }
   OpScope scope("paged_decode_attention", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+  const auto [q_in, k_in] = pg::kernel_qk(*this, q, k, qk_norm);
+  pg::PagedArgs a = pg::attention_args(q_in, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
                                        window, out, detail::cuda_error_word(device_));
-  pg::set_new_kv(a, k, v, slots, rope, q.size(2));
+  pg::set_new_kv(a, k_in, v, slots, rope, q.size(2));
+  pg::set_qk_norm(a, qk_norm, q);
   const pg::RopeFreq freq = rotary::inv_freq_arg<float, pg::kMaxFastDim / 2>(rope, q.size(2));
   visit_float(q.dtype(), "paged_decode_attention", [&]<typename T>() {
-    if constexpr (!std::is_same_v<T, double>) pg::launch_plan<T, true>(plan, a, freq, q.size(0), out.device(), launch.stream);
+    if constexpr (!std::is_same_v<T, double>)
+      pg::launch_plan<T, true>(plan, a, freq, q.size(0), out.device(), launch.stream);
   });
 }
 
@@ -416,7 +453,7 @@ void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor
                                                    const Tensor& slots, const Tensor& block_tables,
                                                    const Tensor& seq_ids, const Tensor& positions, double scale,
                                                    int64_t max_context, const Tensor& o_weight, const Tensor& addend,
-                                                   const Tensor& out, int64_t window) {
+                                                   const Tensor& out, int64_t window, const QkNormParams& qk_norm) {
   namespace pg = paged;
   paged_plan::DecodePlan plan;
   auto with_16_bit = [&](auto&& f) {
@@ -428,18 +465,20 @@ void CudaFusions::paged_decode_attention_projected(const Tensor& q, const Tensor
     const auto shape = pg::decode_shape<T>(q, k_pool, v_pool, max_context, window, o_weight);
     plan = paged_plan::plan_attention_projected(shape, pg::device_limits(device_), pg::decode_policy(),
                                                 pg::clusters_fit_on<T>(device_, shape.dim));
-    pg::record_plan("paged_decode_attention_projected", shape, plan);
+    pg::record_plan("paged_decode_attention_projected", shape, plan, pg::qk_norm_note(qk_norm, q, plan));
   });
   if (plan.kernel == paged_plan::DecodeKernel::composition) {
     Fusions::paged_decode_attention_projected(q, k, v, rope, k_pool, v_pool, slots, block_tables, seq_ids, positions,
-                                              scale, max_context, o_weight, addend, out, window);
+                                              scale, max_context, o_weight, addend, out, window, qk_norm);
     return;
   }
   const OpScope scope("paged_decode_attention_projected", device_, detail::current_cuda_stream(device_));
   Launch launch(out);
-  pg::PagedArgs a = pg::attention_args(q, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
+  const auto [q_in, k_in] = pg::kernel_qk(*this, q, k, qk_norm);
+  pg::PagedArgs a = pg::attention_args(q_in, k_pool, v_pool, block_tables, seq_ids, positions, scale, max_context,
                                        window, out, detail::cuda_error_word(device_));
-  pg::set_new_kv(a, k, v, slots, rope, q.size(2));
+  pg::set_new_kv(a, k_in, v, slots, rope, q.size(2));
+  pg::set_qk_norm(a, qk_norm, q);
   a.out = nullptr;  // the attention's output stays in shared memory
   a.o_weight = o_weight.data_ptr();
   a.o_weight_stride = o_weight.stride(0);

@@ -54,6 +54,7 @@
 #include "decode_mma.cuh"
 #include "decode_phases.cuh"
 #include "paged_projection.cuh"
+#include "rms_math.cuh"
 #include "rope.cuh"
 
 namespace microllm::cuda_kernels::paged {
@@ -104,6 +105,11 @@ struct PagedArgs {
   const int32_t* slots;
   int64_t slot_stride;
   int pair_step, partner;  // rotary pair i is dims (i * pair_step, i * pair_step + partner)
+  // QK-norm (null: none): q's and the new k's heads normalized by these weights [D] before the rotation, as
+  // qk_rms_norm's warp rows normalize them (rms_math.cuh), where a head is at most 32 16-byte packs.
+  const void* q_norm_weight;
+  const void* k_norm_weight;
+  float norm_eps;
   // paged_decode_attention_projected (kProject): out [N, hidden] = addend + attention @ o_weight^T; `replicas`
   // clusters of q_heads CTAs per token (grid y: the replica), each cluster computing the token's attention and
   // CTA h of replica r columns [(r * q_heads + h) * o_cols, +o_cols) from its rows of o_weight [hidden, o_in].
@@ -206,11 +212,34 @@ __device__ __forceinline__ void stage_key_rows(const PagedArgs& a, int seq, int 
 }
 
 // The fused decode step's queries: the nr rows from q (a row per query head) turned by the rotary embedding at
-// position pos as rope.cu turns them, rounded to T, into sq [R][D] as f32 (rows past nr: 0).
+// position pos as rope.cu turns them, rounded to T, into sq [R][D] as f32 (rows past nr: 0). With QK-norm, a warp
+// a row normalizes it into sq first, then turns it there.
 template <typename T, int R>
 __device__ __forceinline__ void load_rotated_queries(const PagedArgs& a, const RopeFreq& freq, const T* q, int nr,
                                                      float pos, int D, float* sq) {
   const int half = D / 2;
+  if (a.q_norm_weight != nullptr) {
+    const int lane = threadIdx.x % 32;
+    const T* weight = static_cast<const T*>(a.q_norm_weight);
+    for (int r = threadIdx.x / 32; r < R; r += kStagedWarps) {
+      float* row = sq + r * D;
+      if (r >= nr) {
+        for (int d = lane; d < D; d += 32) row[d] = 0.f;
+        continue;
+      }
+      normalize_head_in_warp(q + r * a.q_stride[1], a.q_stride[2], weight, a.norm_eps, D, lane,
+                             [&](int d, T y) { row[d] = to_acc(y); });
+      __syncwarp();
+      for (int i = lane; i < half; i += 32) {
+        const int first = i * a.pair_step, second = first + a.partner;
+        T y1, y2;
+        rotate_pair(row[first], row[second], pos, freq.v[i], y1, y2);
+        row[first] = to_acc(y1);
+        row[second] = to_acc(y2);
+      }
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < R * half; idx += kStagedThreads) {
     const int r = idx / half, i = idx % half, first = i * a.pair_step, second = first + a.partner;
     T y1 = from_acc<T>(0.f), y2 = from_acc<T>(0.f);
@@ -248,15 +277,30 @@ __device__ __forceinline__ void take_new_key_value(const PagedArgs& a, const Rop
   }
   T* kpw = const_cast<T*>(static_cast<const T*>(a.k_pool));
   T* vpw = const_cast<T*>(static_cast<const T*>(a.v_pool));
-  for (int i = tid; i < half; i += kStagedThreads) {
+  T* key = sk + jj * pitch;
+  auto turn = [&](int i, float x1, float x2) {  // pair i from x1, x2 into the staged row and the pool
     const int first = i * a.pair_step, second = first + a.partner;
     T y1, y2;
-    rotate_pair(to_acc(kn[first * a.k_new_stride[2]]), to_acc(kn[second * a.k_new_stride[2]]), pos, freq.v[i], y1, y2);
-    sk[jj * pitch + first] = y1;
-    sk[jj * pitch + second] = y2;
+    rotate_pair(x1, x2, pos, freq.v[i], y1, y2);
+    key[first] = y1;
+    key[second] = y2;
     if (kw >= 0) {
       kpw[kw + first] = y1;
       kpw[kw + second] = y2;
+    }
+  };
+  if (a.k_norm_weight != nullptr) {  // QK-norm: the first warp normalizes the key into its staged row, then turns it
+    if (tid < 32) {
+      normalize_head_in_warp(kn, a.k_new_stride[2], static_cast<const T*>(a.k_norm_weight), a.norm_eps, D, tid,
+                             [&](int d, T y) { key[d] = y; });
+      __syncwarp();
+      for (int i = tid; i < half; i += 32)
+        turn(i, to_acc(key[i * a.pair_step]), to_acc(key[i * a.pair_step + a.partner]));
+    }
+  } else {
+    for (int i = tid; i < half; i += kStagedThreads) {
+      turn(i, to_acc(kn[i * a.pair_step * a.k_new_stride[2]]),
+           to_acc(kn[(i * a.pair_step + a.partner) * a.k_new_stride[2]]));
     }
   }
   for (int d = tid; d < D; d += kStagedThreads) {
@@ -511,7 +555,7 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_kernel(const Page
   chain_next_grids();
   const int D = a.dim;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Token tok = resolve(a, row / a.q_heads, false);                  // the partial kernel reported bad values
+    const Token tok = resolve(a, row / a.q_heads, false);                    // the partial kernel reported bad values
     const int used = (tok.len - first_key(a, tok) + a.chunk - 1) / a.chunk;  // 0 for padding
     decode_phases::combine_row(a.part_m + row * a.n_split, a.part_l + row * a.n_split, a.part_o + row * a.n_split * D,
                                used, D, w, scratch, static_cast<T*>(a.out) + row * D);
@@ -565,11 +609,11 @@ __global__ void __launch_bounds__(kSmallThreads) paged_combine_projected_kernel(
 // every cluster barrier.
 // Why: past one split the attention was two kernels (the splits, then their merge and the projection), and the
 // second waited for the whole grid of the first.
-// kHeadClusters (paged_decode_plan.h: head_clusters): a cluster holds ONE kv head's slices (twice the slices of a token's cluster
-// with 2 kv heads, so a 4,096-key graph's slices still fit one chunk), and a token has kv_heads clusters (grid x:
-// token, kv head, rank). CTA c < group merges query head c of its kv head; the cluster projects its heads' part of
-// the input, x [group * D], onto the CTA's columns (partial sums, f32, to a.proj_partial), and the last of the
-// token's kv_heads clusters to arrive at a column block's counter adds the parts in kv-head order and the addend
+// kHeadClusters (paged_decode_plan.h: head_clusters): a cluster holds ONE kv head's slices (twice the slices of a
+// token's cluster with 2 kv heads, so a 4,096-key graph's slices still fit one chunk), and a token has kv_heads
+// clusters (grid x: token, kv head, rank). CTA c < group merges query head c of its kv head; the cluster projects its
+// heads' part of the input, x [group * D], onto the CTA's columns (partial sums, f32, to a.proj_partial), and the last
+// of the token's kv_heads clusters to arrive at a column block's counter adds the parts in kv-head order and the addend
 // (merge_partial_columns): deterministic whichever arrives last.
 // Shared memory: paged_staged_kernel's (sk, sv, red; sq [R][D], sc [R][chunk], sm, sl [R]), then o's sums
 // po [R][D] f32, then bad [chunk]; from proj_offset the head [D], the cluster's heads [x_len] and (kRowsStaged) the

@@ -1,0 +1,54 @@
+// RMSNorm's arithmetic on the device, defined once for the norm kernels (norm.cu) and the kernels that fold a norm
+// into their loads (the paged decode attention's QK-norm, paged_kernels.cuh), so that both give the same bits:
+// y = round(w * round(h * rstd)) with rstd = 1 / sqrt(sum(h^2) / n + eps), transformers' roundings to the model dtype.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace microllm::cuda_kernels {
+
+// v rounded to the storage type and read back: HF keeps these intermediates in the model dtype.
+template <typename T>
+__device__ __forceinline__ acc_t<T> round_to(acc_t<T> v) {
+  return to_acc(from_acc<T>(v));
+}
+
+// 1 / sqrt(mean of squares + eps), from a row's sum of squares over n elements.
+template <typename A>
+__device__ __forceinline__ A rms_rstd(A sum_sq, int64_t n, A eps) {
+  return A(1) / std::sqrt(sum_sq / static_cast<A>(n) + eps);
+}
+
+// One element of the normalized row before its store rounds it: w * round(h * rstd).
+template <typename T>
+__device__ __forceinline__ acc_t<T> rms_scaled(acc_t<T> w, acc_t<T> h, acc_t<T> rstd) {
+  return w * round_to<T>(h * rstd);
+}
+
+// qk_rms_norm's warp row (norm.cu's normalize_row with one 16-byte pack a lane) over a head x of D <= 32 * V elements,
+// V = 16 / sizeof(T), at element stride `step`: lane l sums the squares of elements [l V, l V + V) in order, the warp
+// adds the lanes' sums by its butterfly, and store(d, y) receives each of the lane's elements normalized by `weight`
+// and rounded to T. Every lane of the warp calls it.
+template <typename T, typename Store>
+__device__ __forceinline__ void normalize_head_in_warp(const T* x, int64_t step, const T* weight, float eps, int D,
+                                                       int lane, Store&& store) {
+  static_assert(std::is_same_v<acc_t<T>, float>, "16-bit and f32 heads");
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  const int d0 = lane * V;
+  float h[V];
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    h[v] = d0 < D ? to_acc(x[(d0 + v) * step]) : 0.f;
+    sum_sq += h[v] * h[v];
+  }
+  const float rstd = rms_rstd(warp_sum(sum_sq), D, eps);
+  if (d0 >= D) return;
+#pragma unroll
+  for (int v = 0; v < V; ++v) store(d0 + v, from_acc<T>(rms_scaled<T>(to_acc(weight[d0 + v]), h[v], rstd)));
+}
+
+}  // namespace microllm::cuda_kernels
