@@ -15,13 +15,12 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
                               const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
                               GatedActivation gate, const Tensor& out, const Tensor& h_out) {
   const Tensor rstd = Tensor::empty({x.size(0)}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  Tensor input = x;
-  if (x_norm_weight.defined()) {  // the sublayer output's own norm, before the residual add: h itself without one
-    input = residual.defined() || !h_out.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : h_out;
-    primitives_.rms_norm(x, Tensor(), x_norm_weight, eps, input, Tensor(), rstd);
-  }
   const Tensor normed = Tensor::empty(x.shape(), x.dtype(), x.device());
-  primitives_.rms_norm(input, residual, norm_weight, eps, normed, residual.defined() ? h_out : Tensor(), rstd);
+  if (x_norm_weight.defined()) {
+    sandwich_rms_norm(x, x_norm_weight, residual, norm_weight, eps, normed, h_out, rstd);
+  } else {
+    primitives_.rms_norm(x, residual, norm_weight, eps, normed, residual.defined() ? h_out : Tensor(), rstd);
+  }
   switch (gate) {
     case GatedActivation::none:
       primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), out);
@@ -31,12 +30,25 @@ void Fusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, cons
       const int64_t n = out.size(1);
       const Tensor gate_up = Tensor::empty({x.size(0), 2 * n}, x.dtype(), x.device());
       primitives_.matmul(normed, weight, /*transpose_a=*/false, /*transpose_b=*/true, bias, Tensor(), gate_up);
-      const Tensor activated = Tensor::empty({x.size(0), n}, x.dtype(), x.device());
-      primitives_.unary(UnaryOp::gelu_tanh, gate_up.narrow(1, 0, n), 0.0, activated);
-      primitives_.binary(BinaryOp::mul, activated, gate_up.narrow(1, n, n), out);
+      geglu(gate_up.narrow(1, 0, n), gate_up.narrow(1, n, n), out);
       break;
     }
   }
+}
+
+void Fusions::geglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  const Tensor activated = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  primitives_.unary(UnaryOp::gelu_tanh, gate, 0.0, activated);
+  primitives_.binary(BinaryOp::mul, activated, up, out);
+}
+
+void Fusions::sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                                const Tensor& rstd) {
+  // the sublayer output's own norm, before the residual add: h itself without one
+  const Tensor input = residual.defined() || !h_out.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : h_out;
+  primitives_.rms_norm(x, Tensor(), x_norm_weight, eps, input, Tensor(), rstd);
+  primitives_.rms_norm(input, residual, norm_weight, eps, out, residual.defined() ? h_out : Tensor(), rstd);
 }
 
 void Fusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,

@@ -199,6 +199,18 @@ bool TracingFusions::folds_rms_norm_linear(int64_t rows, const Tensor& weight, G
   return inner_.folds_rms_norm_linear(rows, weight, gate);
 }
 
+void TracingFusions::geglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  Scope span("geglu", "op");
+  inner_.geglu(gate, up, out);
+}
+
+void TracingFusions::sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                       const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                                       const Tensor& rstd) {
+  Scope span("sandwich_rms_norm", "op");
+  inner_.sandwich_rms_norm(x, x_norm_weight, residual, norm_weight, eps, out, h_out, rstd);
+}
+
 void TracingFusions::qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight,
                                  double eps, const Tensor& q_out, const Tensor& k_out) {
   Scope span("qk_rms_norm", "op");

@@ -75,6 +75,10 @@ class TracingFusions final : public Fusions {
   void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual, const Tensor& norm_weight,
                        double eps, const Tensor& weight, const Tensor& bias, GatedActivation gate, const Tensor& out,
                        const Tensor& h_out) override;
+  void geglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                         const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                         const Tensor& rstd) override;
   bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const override;
   void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
                    const Tensor& q_out, const Tensor& k_out) override;

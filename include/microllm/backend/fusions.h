@@ -35,6 +35,16 @@ class Fusions {
   virtual void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
                                const Tensor& norm_weight, double eps, const Tensor& weight, const Tensor& bias,
                                GatedActivation gate, const Tensor& out, const Tensor& h_out);
+  // GeGLU of a gate_up product's halves: out = round(gelu_tanh(gate)) * up, rounded (gate, up, out [M, N], any
+  // strides). Composition: the gelu_tanh and mul primitives. CUDA: one kernel, the same bits.
+  virtual void geglu(const Tensor& gate, const Tensor& up, const Tensor& out);
+  // A sandwich block's norms (Gemma 3) before a projection: h = rms_norm(x, x_norm_weight) + residual (rounded; the
+  // normalized x alone where residual is undefined), out = rms_norm(h, norm_weight); x, residual, out [M, K], h_out
+  // [M, K] or undefined, rstd [M] (h's). Composition: the two rms_norms. CUDA: one kernel, x's norm in the same row
+  // pass with the same sums (norm.cu).
+  virtual void sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                 const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                                 const Tensor& rstd);
   // Whether rms_norm_linear over `rows` rows with this weight runs as one kernel: then a residual added there costs
   // nothing extra. The composition never folds.
   virtual bool folds_rms_norm_linear(int64_t rows, const Tensor& weight, GatedActivation gate) const;

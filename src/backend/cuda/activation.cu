@@ -1,5 +1,5 @@
-// CUDA SwiGLU and its backward, in the shape of elementwise.cu: NIN inputs and NOUT outputs of one
-// storage type, the math in f32 (f64 for f64) with the CPU's formulas. Contiguous, 16-byte aligned
+// CUDA SwiGLU and its backward, and GeGLU (a fusion: Fusions::geglu), in the shape of elementwise.cu: NIN inputs and
+// NOUT outputs of one storage type, the math in f32 (f64 for f64) with the CPU's formulas. Contiguous, 16-byte aligned
 // operands move in 16-byte vectors; anything else (transposed, sliced, permuted) takes the strided path.
 #include "../elementwise_math.h"
 #include "common.cuh"
@@ -72,7 +72,8 @@ __global__ void gated_rows(const std::array<T*, NOUT> outs, const std::array<con
     const int64_t row = p / packs_per_row, col = p % packs_per_row * V;
     Pack<V, T> in[NIN];
 #pragma unroll
-    for (int k = 0; k < NIN; ++k) in[k] = *reinterpret_cast<const Pack<V, T>*>(ins[k] + row * row_stride[NOUT + k] + col);
+    for (int k = 0; k < NIN; ++k)
+      in[k] = *reinterpret_cast<const Pack<V, T>*>(ins[k] + row * row_stride[NOUT + k] + col);
     Pack<V, T> result[NOUT];
     apply_to_packs(in, result, fn);
 #pragma unroll
@@ -148,6 +149,16 @@ struct SwigluFn {
   }
 };
 
+// out = round(gelu_tanh(gate)) * up: the gelu_tanh and mul ops' arithmetic and rounding (Fusions::geglu). Inputs: gate,
+// up.
+template <typename T>
+struct GegluFn {
+  template <typename A>
+  __device__ void operator()(const A (&in)[2], A (&out)[1]) const {
+    out[0] = to_acc(from_acc<T>(math::unary_forward(UnaryOp::gelu_tanh, in[0], A(0)))) * in[1];
+  }
+};
+
 // d/dg = dy * up * s (1 + g (1 - s)), d/du = dy * g * s with s = sigmoid(g). Inputs: gate, up, grad_out;
 // outputs: grad_gate, grad_up.
 struct SwigluBackwardFn {
@@ -168,6 +179,11 @@ using namespace cuda_kernels;
 void CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   OpScope scope("swiglu", device_, detail::current_cuda_stream(device_));
   visit_float(gate.dtype(), "swiglu", [&]<typename T>() { launch_gated<T, 2, 1>({&out}, {&gate, &up}, SwigluFn{}); });
+}
+
+void CudaFusions::geglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  OpScope scope("geglu", device_, detail::current_cuda_stream(device_));
+  visit_float(gate.dtype(), "geglu", [&]<typename T>() { launch_gated<T, 2, 1>({&out}, {&gate, &up}, GegluFn<T>{}); });
 }
 
 void CudaBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& grad_out, const Tensor& grad_gate,

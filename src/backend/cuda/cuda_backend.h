@@ -91,6 +91,10 @@ class CudaFusions final : public Fusions {
   void rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual, const Tensor& norm_weight,
                        double eps, const Tensor& weight, const Tensor& bias, GatedActivation gate, const Tensor& out,
                        const Tensor& h_out) override;
+  void geglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                         const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                         const Tensor& rstd) override;
   void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
                    const Tensor& q_out, const Tensor& k_out) override;
   void paged_decode_attention(const Tensor& q, const Tensor& k, const Tensor& v, const RopeParams& rope,

@@ -5,7 +5,7 @@
 //     block's sublayer output gets its own RMSNorm first (x_norm_weight), with the same roundings, before the add.
 //   The gate after: w is [w_gate; w_up] (2n rows) and out[b, j] = silu(round(gate)) * round(up), rounded once
 //     (swiglu's arithmetic on the rounded gate_up product), or round(round(gelu_tanh(round(gate))) * round(up))
-//     (geglu: the gelu and mul ops).
+//     (geglu: Fusions::geglu's, the gelu and mul ops').
 // A batch-1 decode layer is then five kernels (qkv with input_layernorm, attention, o, gate_up with
 // post_attention_layernorm and SwiGLU, down) instead of eight; a Gemma 3 layer folds its two sandwich norms
 // and GeGLU the same way.
@@ -593,11 +593,13 @@ void CudaFusions::rms_norm_linear(const Tensor& x, const Tensor& x_norm_weight, 
       return;
     }
   }
-  const char* composition = gate == GatedActivation::swiglu  ? "composition: rms_norm, linear_swiglu"
-                            : gate == GatedActivation::geglu ? "composition: rms_norm, matmul, gelu, mul"
-                                                             : "composition: rms_norm, matmul";
-  record_choice_of_rms_norm_linear(x, x_norm_weight, weight, gate, composition);
-  // Declined: the separate kernels, each timed under its own op (rms_norm, then matmul and the gate's ops).
+  const char* product = gate == GatedActivation::swiglu  ? ", linear_swiglu"
+                        : gate == GatedActivation::geglu ? ", matmul, geglu"
+                                                         : ", matmul";
+  const std::string composition =
+      std::string("composition: ") + (x_norm_weight.defined() ? "sandwich_rms_norm" : "rms_norm") + product;
+  record_choice_of_rms_norm_linear(x, x_norm_weight, weight, gate, composition.c_str());
+  // Declined: the composition, each kernel timed under its own op (sandwich_rms_norm or rms_norm, matmul, the gate).
   Fusions::rms_norm_linear(x, x_norm_weight, residual, norm_weight, eps, weight, bias, gate, out, h_out);
 }
 

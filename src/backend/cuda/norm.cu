@@ -60,6 +60,7 @@ struct ForwardArgs {
   const T* x;
   const T* residual;  // null: no residual
   const T* weight;
+  const T* x_weight;    // sandwich_rms_norm: x normalized by it first (vectorized warp and block rows), or null
   T* out;               // [rows, n] contiguous
   T* h_out;             // [rows, n] contiguous, or null
   acc_t<T>* rstd;       // [rows], or null (QK-norm keeps none)
@@ -113,6 +114,27 @@ __device__ __forceinline__ void normalize_row(const ForwardArgs<T>& args, int64_
     if (p < groups) {
       h[q] = reinterpret_cast<const Pack<V, T>*>(x_row)[p];
       if (r_row) r[q] = reinterpret_cast<const Pack<V, T>*>(r_row)[p];
+    }
+  }
+  if (args.x_weight) {  // sandwich_rms_norm: x = rms_norm(x, x_weight) first, as an rms_norm of these rows sums it
+    A x_sum_sq = 0;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      if (lane + q * TPR < groups) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) x_sum_sq += to_acc(h[q].v[v]) * to_acc(h[q].v[v]);
+      }
+    }
+    const A x_rstd = rms_rstd(TPR == 32 ? warp_sum(x_sum_sq) : block_sum(x_sum_sq, scratch), args.n, args.eps);
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t p = lane + q * TPR;
+      if (p < groups) {
+        A w[V];
+        load_group<T, V>(args.x_weight, 1, p, w);
+#pragma unroll
+        for (int v = 0; v < V; ++v) h[q].v[v] = from_acc<T>(rms_scaled<T>(w[v], to_acc(h[q].v[v]), x_rstd));
+      }
     }
   }
   A sum_sq = 0;
@@ -465,6 +487,28 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& residual, const Tensor
     launch_forward<T>(args, vector_rows(args), launch.stream, launch.device);
     MICROLLM_CUDA_CHECK_LAUNCH();
   });
+}
+
+// One kernel where rms_norm would run x's rows as vectorized warp or block rows (rms_norm_cached: up to 2,048 packs a
+// row), whose lanes then sum x's squares for its own norm as an rms_norm of x would; else the two rms_norms.
+void CudaFusions::sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
+                                    const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
+                                    const Tensor& rstd) {
+  bool launched = false;
+  visit_float(x.dtype(), "sandwich_rms_norm", [&]<typename T>() {
+    constexpr int V = 16 / sizeof(T);
+    const int64_t rows = rstd.numel();
+    if (rows == 0) return;
+    ForwardArgs<T> args = forward_args<T>(x, residual, norm_weight, eps, out, h_out, rstd, rows);
+    args.x_weight = static_cast<const T*>(x_norm_weight.data_ptr());
+    if (!vector_rows(args) || x_norm_weight.stride(0) != 1 || !aligned16(args.x_weight) || args.n / V > 2048) return;
+    OpScope scope("sandwich_rms_norm", device_, detail::current_cuda_stream(device_));
+    Launch launch(out);
+    launch_forward<T>(args, /*vectorized=*/true, launch.stream, launch.device);
+    MICROLLM_CUDA_CHECK_LAUNCH();
+    launched = true;
+  });
+  if (!launched) Fusions::sandwich_rms_norm(x, x_norm_weight, residual, norm_weight, eps, out, h_out, rstd);
 }
 
 // One kernel for both where each is rows of at most 32 16-byte packs that rms_norm would vectorize; else the
