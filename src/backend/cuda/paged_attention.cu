@@ -347,11 +347,12 @@ void set_new_kv(PagedArgs& a, const Tensor& k, const Tensor& v, const Tensor& sl
 }
 
 // Whether the fused kernels normalize q and k as they load them (PagedArgs' QK-norm weights): where qk_rms_norm's
-// warp rows would (heads of at most 32 16-byte packs; the kernels take f32, f16 and bf16 only), with unit-stride
-// weights.
+// warp rows would (heads of at most 32 16-byte packs; the kernels take f32, f16 and bf16 only), with unit-stride,
+// 16-byte aligned weights.
 bool folds_qk_norm(const QkNormParams& norm, const Tensor& q) {
   return norm.defined() && q.size(2) * static_cast<int64_t>(dtype_size(q.dtype())) <= 32 * 16 &&
-         norm.q_weight.stride(0) == 1 && norm.k_weight.stride(0) == 1;
+         norm.q_weight.stride(0) == 1 && norm.k_weight.stride(0) == 1 && rows::aligned16(norm.q_weight.data_ptr()) &&
+         rows::aligned16(norm.k_weight.data_ptr());
 }
 
 // The q and k a fused kernel reads: as given where it folds the QK-norm (or there is none), else normalized first by

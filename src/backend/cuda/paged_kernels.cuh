@@ -289,12 +289,15 @@ __device__ __forceinline__ void take_new_key_value(const PagedArgs& a, const Rop
       kpw[kw + second] = y2;
     }
   };
-  if (a.k_norm_weight != nullptr) {  // QK-norm: the first warp normalizes the key into its staged row, then turns it
-    if (tid < 32) {
-      normalize_head_in_warp(kn, a.k_new_stride[2], static_cast<const T*>(a.k_norm_weight), a.norm_eps, D, tid,
+  if (a.k_norm_weight != nullptr) {
+    // QK-norm: the last warp normalizes the key into its staged row, then turns it, while the first warps normalize
+    // the query rows (load_rotated_queries: a warp a row, and a decode CTA's rows are mostly fewer than its warps).
+    if (tid / 32 == kStagedWarps - 1) {
+      const int lane = tid % 32;
+      normalize_head_in_warp(kn, a.k_new_stride[2], static_cast<const T*>(a.k_norm_weight), a.norm_eps, D, lane,
                              [&](int d, T y) { key[d] = y; });
       __syncwarp();
-      for (int i = tid; i < half; i += 32)
+      for (int i = lane; i < half; i += 32)
         turn(i, to_acc(key[i * a.pair_step]), to_acc(key[i * a.pair_step + a.partner]));
     }
   } else {
