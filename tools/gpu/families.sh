@@ -6,6 +6,8 @@
 #            Llama config of the same shapes and bytes (the family's own layer against the plain one) and beside
 #            Qwen2.5-0.5B and SmolLM2-135M
 #   explain  `bench --explain` of Gemma 3 270M at B1 and B8 and a 2,048-token context (its sliding layers' kernels)
+#   optimes  `bench --op-times` (eager, each op's GPU time) of Gemma 3 270M and its Llama twin at B8: which ops a
+#            layer costs more than the plain one's (not in the default parts)
 # Results in $OUT/families.md; logs in $OUT/logs/.
 #   device run, carry [".device"]: bash tools/gpu/families.sh
 set -uo pipefail
@@ -60,5 +62,13 @@ parts=${FAMILIES_PARTS:-parity speed explain}
     echo "## bench --explain, gemma-3-270m, tg32 at B1 and B8, and a 2,048-token prompt then 32 tokens"
     timeout 120 "$bin/microllm" bench --config tests/fixtures/configs/gemma-3-270m.json --device cuda --dtype bf16 \
       -p 0 -n 32 -b 1,8 -r 1 --workload 2048:1:32 --explain 2>&1 | sed -n '/^| model/,$p'
+  fi
+  if [[ $parts == *optimes* ]]; then
+    for config in gemma-3-270m as-llama/gemma-3-270m-as-llama; do
+      echo
+      echo "## bench --op-times, $(basename "$config"), tg32 at B8"
+      timeout 90 "$bin/microllm" bench --config "$configs/$config.json" --device cuda --dtype bf16 -p 0 -n 32 -b 8 \
+        -r 1 --workload none --op-times 2>&1 | sed -n '/^op times/,$p'
+    done
   fi
 } | tee "$OUT/families.md"
