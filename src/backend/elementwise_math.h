@@ -56,6 +56,13 @@ MICROLLM_HD inline A unary_forward(UnaryOp op, A x, A alpha) {
   return x;
 }
 
+// GeGLU of one element as the gelu_tanh and mul ops compute it: the gelu rounded to the storage type by `round` (the
+// gelu op's output is a tensor of it), times up. CUDA's geglu fusion and the decode GEMV's gate both call this.
+template <typename A, typename Round>
+MICROLLM_HD inline A geglu(A gate, A up, Round round) {
+  return round(unary_forward(UnaryOp::gelu_tanh, gate, A(0))) * up;
+}
+
 // d op(x) / dx
 template <typename A>
 MICROLLM_HD inline A unary_derivative(UnaryOp op, A x, A alpha) {

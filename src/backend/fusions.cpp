@@ -42,6 +42,13 @@ void Fusions::geglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   primitives_.binary(BinaryOp::mul, activated, up, out);
 }
 
+std::pair<Tensor, Tensor> Fusions::normalized_qk(const Tensor& q, const Tensor& k, const QkNormParams& norm) {
+  const Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  const Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
+  qk_rms_norm(q, k, norm.q_weight, norm.k_weight, norm.eps, q_out, k_out);
+  return {q_out, k_out};
+}
+
 void Fusions::sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight, const Tensor& residual,
                                 const Tensor& norm_weight, double eps, const Tensor& out, const Tensor& h_out,
                                 const Tensor& rstd) {
@@ -73,9 +80,7 @@ void Fusions::paged_decode_attention(const Tensor& q, const Tensor& k, const Ten
                                      double scale, int64_t max_context, const Tensor& out, int64_t window,
                                      const QkNormParams& qk_norm) {
   if (qk_norm.defined()) {  // QK-norm first (the fused qk_rms_norm where this table has one), then the rest
-    const Tensor q_normed = Tensor::empty(q.shape(), q.dtype(), q.device());
-    const Tensor k_normed = Tensor::empty(k.shape(), k.dtype(), k.device());
-    qk_rms_norm(q, k, qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps, q_normed, k_normed);
+    const auto [q_normed, k_normed] = normalized_qk(q, k, qk_norm);
     Fusions::paged_decode_attention(q_normed, k_normed, v, rope_params, k_pool, v_pool, slots, block_tables, seq_ids,
                                     positions, scale, max_context, out, window, QkNormParams{});
     return;

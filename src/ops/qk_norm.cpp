@@ -19,10 +19,7 @@ std::pair<Tensor, Tensor> qk_rms_norm(const Tensor& q, const Tensor& k, const Te
   checks::same_dtype(op, q, "q", k, "k");
   checks::same_device(op, q, "q", k, "k");
   checks::qk_norm_weights(op, q, q_weight, k_weight, eps);
-  const Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
-  const Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
-  fusions_for(q.device()).qk_rms_norm(q, k, q_weight, k_weight, eps, q_out, k_out);
-  return {q_out, k_out};
+  return fusions_for(q.device()).normalized_qk(q, k, {q_weight, k_weight, eps});
 }
 
 void checks::qk_norm_weights(const char* op, const Tensor& q, const Tensor& q_weight, const Tensor& k_weight,

@@ -10,6 +10,8 @@
 // outputs; inputs may be strided views; kernels write every element of every output.
 #pragma once
 
+#include <utility>
+
 #include "microllm/backend/backend.h"
 #include "microllm/backend/gated_activation.h"
 
@@ -53,6 +55,8 @@ class Fusions {
   // k_out contiguous of q's and k's shapes. Composition: the two rms_norms. CUDA: one kernel, a warp a head.
   virtual void qk_rms_norm(const Tensor& q, const Tensor& k, const Tensor& q_weight, const Tensor& k_weight, double eps,
                            const Tensor& q_out, const Tensor& k_out);
+  // qk_rms_norm into new contiguous tensors of q's and k's shapes: {q_out, k_out}.
+  std::pair<Tensor, Tensor> normalized_qk(const Tensor& q, const Tensor& k, const QkNormParams& norm);
 
   // ---- the paged KV cache (ops/paged_attention.h) ----
   // paged_decode_attention: qk_rms_norm where qk_norm is defined, rope on q and k at positions, k and v written at

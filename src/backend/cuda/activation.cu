@@ -155,7 +155,7 @@ template <typename T>
 struct GegluFn {
   template <typename A>
   __device__ void operator()(const A (&in)[2], A (&out)[1]) const {
-    out[0] = to_acc(from_acc<T>(math::unary_forward(UnaryOp::gelu_tanh, in[0], A(0)))) * in[1];
+    out[0] = math::geglu(in[0], in[1], [](A v) { return round_to<T>(v); });
   }
 };
 

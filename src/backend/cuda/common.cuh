@@ -35,6 +35,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
   return __float2bfloat16_rn(v);
 }
 
+// v rounded to the storage type and read back: HF keeps intermediates such as a norm's h * rstd or an activation's
+// output in the model dtype.
+template <typename T>
+__device__ __forceinline__ acc_t<T> round_to(acc_t<T> v) {
+  return to_acc(from_acc<T>(v));
+}
+
 [[noreturn]] inline void no_kernel(const char* op, DType dtype) {
   throw NotSupportedError(op, str_cat(op, " has no CUDA kernel for ", dtype));
 }

@@ -393,12 +393,12 @@ __global__ void __launch_bounds__(kMaxThreads) decode_gemv_kernel(const GemvArgs
       for (int split = 0; split < kSplit; ++split) acc[s] += partial[first_warp + split][b * kGroupRows + r];
     }
     float y;
-    if constexpr (kGated) {  // the gate on the rounded gate_up product (activation.cu's SwigluFn; gelu and mul)
+    if constexpr (kGated) {  // the gate on the rounded gate_up product (math::swiglu / math::geglu, as activation.cu)
       const float gate = to_acc(from_acc<T>(acc[0])), up = to_acc(from_acc<T>(acc[kStreams - 1]));
       if constexpr (kGate == GatedActivation::swiglu) {
         y = math::swiglu(gate, up);
       } else {
-        y = to_acc(from_acc<T>(math::unary_forward(UnaryOp::gelu_tanh, gate, 0.f))) * up;
+        y = math::geglu(gate, up, [](float v) { return round_to<T>(v); });
       }
     } else {
       const bool first = e == first_e;

@@ -23,6 +23,8 @@ namespace cuda_kernels {
 namespace {
 
 constexpr int kNormThreads = 256;
+// rms_norm_cached's longest row in 16-byte packs (8 a thread of the block); longer rows take two passes.
+constexpr int64_t kMaxCachedPacks = 8 * kNormThreads;
 
 template <int N, typename T>
 struct alignas(sizeof(T) * N) Pack {
@@ -457,7 +459,7 @@ void launch_forward(ForwardArgs<T> args, bool vectorized, cudaStream_t stream, i
     // Rows of 257..2048 packs: the block of 256 threads per row (fewer threads a row stream slower).
     if (groups <= 512) return launch_cached<T, V, 2, 256>(args, stream, device);
     if (groups <= 1024) return launch_cached<T, V, 4, 256>(args, stream, device);
-    if (groups <= 2048) return launch_cached<T, V, 8, 256>(args, stream, device);
+    if (groups <= kMaxCachedPacks) return launch_cached<T, V, 8, 256>(args, stream, device);
     rms_norm_two_pass<T, V><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
   } else {
     rms_norm_two_pass<T, 1><<<grid_for(args.n_rows, 1), kNormThreads, 0, stream>>>(args);
@@ -501,7 +503,7 @@ void CudaFusions::sandwich_rms_norm(const Tensor& x, const Tensor& x_norm_weight
     if (rows == 0) return;
     ForwardArgs<T> args = forward_args<T>(x, residual, norm_weight, eps, out, h_out, rstd, rows);
     args.x_weight = static_cast<const T*>(x_norm_weight.data_ptr());
-    if (!vector_rows(args) || x_norm_weight.stride(0) != 1 || !aligned16(args.x_weight) || args.n / V > 2048) return;
+    if (!vector_rows(args) || x_norm_weight.stride(0) != 1 || !aligned16(args.x_weight) || args.n / V > kMaxCachedPacks) return;
     OpScope scope("sandwich_rms_norm", device_, detail::current_cuda_stream(device_));
     Launch launch(out);
     launch_forward<T>(args, /*vectorized=*/true, launch.stream, launch.device);

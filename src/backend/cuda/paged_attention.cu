@@ -359,10 +359,7 @@ bool folds_qk_norm(const QkNormParams& norm, const Tensor& q) {
 // `fusions`' qk_rms_norm.
 std::pair<Tensor, Tensor> kernel_qk(Fusions& fusions, const Tensor& q, const Tensor& k, const QkNormParams& norm) {
   if (!norm.defined() || folds_qk_norm(norm, q)) return {q, k};
-  const Tensor q_normed = Tensor::empty(q.shape(), q.dtype(), q.device());
-  const Tensor k_normed = Tensor::empty(k.shape(), k.dtype(), k.device());
-  fusions.qk_rms_norm(q, k, norm.q_weight, norm.k_weight, norm.eps, q_normed, k_normed);
-  return {q_normed, k_normed};
+  return fusions.normalized_qk(q, k, norm);
 }
 
 // record_plan's note on a fused step's QK-norm.

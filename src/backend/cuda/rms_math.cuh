@@ -4,18 +4,12 @@
 #pragma once
 
 #include <cmath>
-#include <cstdint>
 #include <type_traits>
 
 #include "common.cuh"
+#include "rows.cuh"
 
 namespace microllm::cuda_kernels {
-
-// v rounded to the storage type and read back: HF keeps these intermediates in the model dtype.
-template <typename T>
-__device__ __forceinline__ acc_t<T> round_to(acc_t<T> v) {
-  return to_acc(from_acc<T>(v));
-}
 
 // 1 / sqrt(mean of squares + eps), from a row's sum of squares over n elements.
 template <typename A>
@@ -38,14 +32,11 @@ __device__ __forceinline__ void normalize_head_in_warp(const T* x, int64_t step,
                                                        int lane, Store&& store) {
   static_assert(std::is_same_v<acc_t<T>, float>, "16-bit and f32 heads");
   constexpr int V = 16 / static_cast<int>(sizeof(T));
-  struct alignas(16) Group {
-    T v[V];
-  };
+  using Group = rows::Pack<V, T>;
   const int d0 = lane * V;
   Group g{};  // zeros past D
   if (d0 < D) {
-    const bool packed = step == 1 && reinterpret_cast<uintptr_t>(x + d0) % 16 == 0;  // one 16-byte load
-    if (packed) {
+    if (step == 1 && rows::aligned16(x + d0)) {  // one 16-byte load
       g = *reinterpret_cast<const Group*>(x + d0);
     } else {
 #pragma unroll
